@@ -57,7 +57,7 @@ type Transition struct {
 	At     time.Time `json:"at"`
 	From   State     `json:"from,omitempty"`
 	To     State     `json:"to"`
-	Reason string    `json:"reason"`            // machine-readable code, e.g. "scheduled", "exited", "node_lost"
+	Reason string    `json:"reason"`           // machine-readable code, e.g. "scheduled", "exited", "node_lost"
 	Detail string    `json:"detail,omitempty"` // what a person reads
 }
 
@@ -118,10 +118,10 @@ type Job struct {
 	// NotBefore holds a job back from scheduling until then (retry backoff).
 	NotBefore *time.Time `json:"notBefore,omitempty"`
 
-	Placements []Placement   `json:"placements,omitempty"`
-	Stop       *StopRequest  `json:"stop,omitempty"`
-	ExitCode   *int          `json:"exitCode,omitempty"`
-	Signal     string        `json:"signal,omitempty"` // the signal that ended the last attempt
+	Placements []Placement    `json:"placements,omitempty"`
+	Stop       *StopRequest   `json:"stop,omitempty"`
+	ExitCode   *int           `json:"exitCode,omitempty"`
+	Signal     string         `json:"signal,omitempty"` // the signal that ended the last attempt
 	Pending    *PendingReason `json:"pendingReason,omitempty"`
 
 	// LastCheckpointAt is the last time the job is known to have saved its
