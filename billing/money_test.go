@@ -1,0 +1,54 @@
+package billing
+
+import "testing"
+
+func TestAmountParseAndPrint(t *testing.T) {
+	cases := []struct {
+		in    string
+		micro Amount
+		str   string
+		cents string
+	}{
+		{"98.32", 98_320_000, "98.32", "98.32"},
+		{"5000", 5_000_000_000, "5000.00", "5000.00"},
+		{"0.000125", 125, "0.000125", "0.00"},
+		{"-1.005", -1_005_000, "-1.005", "-1.01"},
+		{"2.675", 2_675_000, "2.675", "2.68"},
+	}
+	for _, c := range cases {
+		got, err := ParseAmount(c.in)
+		if err != nil {
+			t.Fatalf("ParseAmount(%q): %v", c.in, err)
+		}
+		if got != c.micro {
+			t.Errorf("ParseAmount(%q) = %d, want %d", c.in, got, c.micro)
+		}
+		if got.String() != c.str {
+			t.Errorf("%q.String() = %q, want %q", c.in, got.String(), c.str)
+		}
+		if got.Cents() != c.cents {
+			t.Errorf("%q.Cents() = %q, want %q", c.in, got.Cents(), c.cents)
+		}
+	}
+	for _, bad := range []string{"", "abc", "1e3", "1.0000001", "1/2", "99999999999999999999"} {
+		if _, err := ParseAmount(bad); err == nil {
+			t.Errorf("ParseAmount(%q) accepted", bad)
+		}
+	}
+}
+
+func TestAmountMulDiv(t *testing.T) {
+	// 98.32 USD/h for one instance of 8 GPUs, 60 s of one GPU:
+	// 98.32/8/3600*60 = 0.204833.. → 204833 micros
+	perGPUHour := Amount(98_320_000).MulDiv(1, 8)
+	if perGPUHour != 12_290_000 {
+		t.Fatalf("per GPU hour = %d", perGPUHour)
+	}
+	got := perGPUHour.MulDiv(60_000, 3_600_000)
+	if got != 204_833 {
+		t.Fatalf("cost = %d, want 204833", got)
+	}
+	if Amount(-3).MulDiv(1, 2) != -2 || Amount(3).MulDiv(1, 2) != 2 {
+		t.Fatal("half away from zero")
+	}
+}
