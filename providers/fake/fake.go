@@ -96,7 +96,7 @@ func New(name string, offers []providers.Offer, capacity map[string]int) *Provid
 }
 
 // Reset forgets every machine, call and knob and restores the capacities
-// given to New.
+// given to New. Boot, Terminate and Now are setup, not knobs: they stay.
 func (p *Provider) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
