@@ -554,14 +554,14 @@ func tagOf(tags []tag, key string) string {
 
 // errorCodes maps Lambda Cloud error codes onto error kinds.
 var errorCodes = providers.CodeTable{
-	"instance-operations/launch/insufficient-capacity":        providers.ErrInsufficientCapacity,
-	"global/quota-exceeded":                                   providers.ErrQuotaExceeded,
-	"global/invalid-api-key":                                  providers.ErrUnauthorized,
-	"global/account-inactive":                                 providers.ErrUnauthorized,
-	"global/invalid-address":                                  providers.ErrUnauthorized,
-	"global/object-does-not-exist":                            providers.ErrNotFound,
-	"global/invalid-parameters":                               providers.ErrInvalidRequest,
-	"global/duplicate":                                        providers.ErrInvalidRequest,
+	"instance-operations/launch/insufficient-capacity":       providers.ErrInsufficientCapacity,
+	"global/quota-exceeded":                                  providers.ErrQuotaExceeded,
+	"global/invalid-api-key":                                 providers.ErrUnauthorized,
+	"global/account-inactive":                                providers.ErrUnauthorized,
+	"global/invalid-address":                                 providers.ErrUnauthorized,
+	"global/object-does-not-exist":                           providers.ErrNotFound,
+	"global/invalid-parameters":                              providers.ErrInvalidRequest,
+	"global/duplicate":                                       providers.ErrInvalidRequest,
 	"instance-operations/launch/file-system-in-wrong-region": providers.ErrInvalidRequest,
 }
 
