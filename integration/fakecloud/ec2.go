@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -99,6 +102,16 @@ func NewEC2(t testing.TB, opts EC2Options) *EC2 {
 
 // SSHPort is the port every instance's sshd listens on.
 func (e *EC2) SSHPort() int { return e.fleet.port }
+
+// EC2Client returns an SDK client for the fake, with static credentials,
+// for providers/aws.NewWithAPI.
+func EC2Client(e *EC2) *ec2.Client {
+	return ec2.New(ec2.Options{
+		Region:       e.opts.Region,
+		BaseEndpoint: awssdk.String(e.URL),
+		Credentials:  credentials.NewStaticCredentialsProvider("AKIDFAKECLOUD", "fakecloud-secret", ""),
+	})
+}
 
 // FailNext makes the next call of action ("RunInstances") fail with the
 // EC2 error code ("InsufficientInstanceCapacity").

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -193,6 +194,11 @@ LogLevel VERBOSE
 	}
 	h.cmd = exec.Command(SSHDPath, "-D", "-e", "-f", confPath)
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
+	// Its own process group, so Stop ends the per-connection children
+	// too; and a bound on waiting for the log pipe, which an open
+	// connection's child holds.
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	h.cmd.WaitDelay = 2 * time.Second
 	if err := h.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start sshd: %w", err)
 	}
@@ -228,11 +234,12 @@ func (h *SSHHost) waitReady(limit time.Duration) error {
 	return errors.New("no SSH banner within " + limit.String())
 }
 
-// Stop ends the sshd (and with it the sessions it serves).
+// Stop ends the sshd and the connections it serves. Processes a session
+// started in a session of their own (a setsid'd agent) live on.
 func (h *SSHHost) Stop() {
 	h.once.Do(func() {
 		if h.cmd.Process != nil {
-			_ = h.cmd.Process.Kill()
+			_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
 		}
 		<-h.done
 	})
