@@ -258,12 +258,14 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
+// Write appends p.
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
+// String returns everything written.
 func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -225,6 +225,7 @@ type limitedBuffer struct {
 	limit int
 }
 
+// Write keeps p, dropping the oldest bytes past the limit.
 func (b *limitedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -235,6 +236,7 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Bytes returns a copy of what is kept.
 func (b *limitedBuffer) Bytes() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
