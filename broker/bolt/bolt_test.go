@@ -31,4 +31,3 @@ func TestConformance(t *testing.T) {
 		}
 	}})
 }
-
