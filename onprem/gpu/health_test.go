@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -72,5 +73,39 @@ func TestHolders(t *testing.T) {
 		if diff := cmp.Diff(tt.want, Holders(s, tt.uuids)); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", tt.name, diff)
 		}
+	}
+}
+
+func TestLinkJSON(t *testing.T) {
+	inv := Inventory{Backend: "sim", Devices: []Device{}, Topology: [][]Link{
+		{LinkSelf, LinkNVLink, LinkPIX, LinkPXB},
+		{LinkNVLink, LinkSelf, LinkPHB, LinkNode},
+		{LinkPIX, LinkPHB, LinkSelf, LinkSys},
+		{LinkPXB, LinkNode, LinkSys, LinkSelf},
+	}}
+	b, err := json.Marshal(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"backend":"sim","devices":[],"topology":[["X","NV","PIX","PXB"],["NV","X","PHB","NODE"],["PIX","PHB","X","SYS"],["PXB","NODE","SYS","X"]]}`
+	if string(b) != want {
+		t.Errorf("JSON = %s\nwant   %s", b, want)
+	}
+	var back Inventory
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(inv, back); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	var l Link
+	if err := l.UnmarshalText([]byte("NV18")); err != nil || l != LinkNVLink {
+		t.Errorf("NV18 read as %v, %v", l, err)
+	}
+	if err := l.UnmarshalText([]byte("PCIE")); err == nil {
+		t.Error("PCIE accepted as a link level")
+	}
+	if _, err := Link(9).MarshalText(); err == nil {
+		t.Error("level 9 marshalled")
 	}
 }
