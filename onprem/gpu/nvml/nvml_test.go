@@ -325,16 +325,48 @@ func TestOpenRealLibrary(t *testing.T) {
 		if !errors.Is(err, gpu.ErrUnavailable) {
 			t.Fatalf("Open without a driver: %v, want ErrUnavailable", err)
 		}
+		if os.Getenv("SPILLWAY_REQUIRE_NVML") != "" {
+			t.Fatalf("SPILLWAY_REQUIRE_NVML is set but NVML cannot start: %v", err)
+		}
 		t.Logf("no NVIDIA driver here, as expected on a CPU machine: %v", err)
 		return
 	}
 	defer b.Close()
+	// A machine with a driver: check what the real library answers.
 	inv, _ := b.Inventory()
-	if len(inv.Devices) == 0 || inv.DriverVersion == "" {
-		t.Errorf("real NVML inventory is empty: %+v", inv)
+	t.Logf("real NVML: driver %s, CUDA %s, %d GPUs, MPS %v", inv.DriverVersion, inv.CUDAVersion, len(inv.Devices), inv.MPS)
+	if len(inv.Devices) == 0 || inv.DriverVersion == "" || inv.CUDAVersion == "" {
+		t.Errorf("real NVML inventory is incomplete: %+v", inv)
 	}
-	if _, err := b.Sample(); err != nil {
-		t.Errorf("real NVML sample: %v", err)
+	for _, d := range inv.Devices {
+		t.Logf("GPU %d: %+v", d.Index, d)
+		if !strings.HasPrefix(d.UUID, "GPU-") || d.Model == "" || d.MemoryBytes <= 0 || d.PCIBusID == "" {
+			t.Errorf("GPU %d is missing fields: %+v", d.Index, d)
+		}
+	}
+	if len(inv.Topology) != len(inv.Devices) {
+		t.Errorf("topology has %d rows for %d GPUs", len(inv.Topology), len(inv.Devices))
+	}
+	for i, row := range inv.Topology {
+		if len(row) != len(inv.Devices) || row[i] != gpu.LinkSelf {
+			t.Errorf("topology row %d = %v", i, row)
+		}
+	}
+	for range 2 {
+		s, err := b.Sample()
+		if err != nil {
+			t.Fatalf("real NVML sample: %v", err)
+		}
+		if len(s.Devices) != len(inv.Devices) {
+			t.Fatalf("sample has %d GPUs, inventory %d", len(s.Devices), len(inv.Devices))
+		}
+		for _, d := range s.Devices {
+			t.Logf("GPU %d: %d MiB used, %d%% SM, %.1f W, %d C, processes %+v, events %+v",
+				d.Index, d.MemoryUsedBytes>>20, d.SMUtil, d.PowerWatts, d.TemperatureC, d.Processes, d.Events)
+			if d.UUID != inv.Devices[d.Index].UUID || d.TemperatureC <= 0 || d.PowerWatts <= 0 {
+				t.Errorf("GPU %d sample looks wrong: %+v", d.Index, d)
+			}
+		}
 	}
 }
 
