@@ -67,7 +67,7 @@ and exits, to check a node by hand.`,
 				if err != nil {
 					return err
 				}
-				_, err = g.stdout.Write(append(out, '\n'))
+				_, err = g.stdout.Write(out)
 				return err
 			}
 			if c.Token == "" {

@@ -97,7 +97,7 @@ func (ag *Agent) strays(ended *run) (map[int][]int, error) {
 		if !mine[d.UUID] {
 			continue
 		}
-		for _, p := range d.Processes {
+		for _, p := range gpu.Holders(s, []string{d.UUID}) {
 			if p.PID == os.Getpid() || belongsTo(p.PID, others, otherGroups) {
 				continue
 			}
@@ -125,32 +125,26 @@ func belongsTo(pid int, jobs map[string]bool, groups map[int]bool) bool {
 	return false
 }
 
-// criticalXIDs are XID errors after which a card must leave the pool until
-// an operator resets it (NVIDIA's XID catalog: 48 double-bit ECC, 79 fallen
-// off the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained
-// ECC, 63/64 row-remapping events, 74 NVLink error, 119/120 GSP errors).
-var criticalXIDs = map[uint64]string{
-	48: "double-bit ECC error", 63: "ECC page retirement/row remap", 64: "row remap failure",
-	74: "NVLink error", 79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate",
-	94: "contained ECC error", 95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
-}
-
-// noteEventsLocked marks cards unhealthy on critical XID events.
+// noteEventsLocked takes cards out of the pool on critical events: an XID
+// after which NVIDIA says to reset the card, or an uncorrectable ECC error.
 func (ag *Agent) noteEventsLocked(s gpu.Sample) {
 	for _, d := range s.Devices {
 		for _, e := range d.Events {
-			if e.Kind != "xid" {
+			if !gpu.Critical(e) {
+				if e.Kind == gpu.EventXID {
+					ag.log.Info("gpu reported a non-critical xid", "gpu", d.Index, "xid", e.Code, "what", gpu.XIDText(e.Code))
+				}
 				continue
 			}
-			what, critical := criticalXIDs[e.Code]
-			if !critical {
-				ag.log.Info("gpu reported a non-critical xid", "gpu", d.Index, "xid", e.Code)
+			if _, already := ag.unhealthy[d.Index]; already {
 				continue
 			}
-			if _, already := ag.unhealthy[d.Index]; !already {
-				ag.unhealthy[d.Index] = fmt.Sprintf("XID %d: %s", e.Code, what)
-				ag.log.Error("gpu unhealthy after critical xid", "gpu", d.Index, "xid", e.Code, "what", what)
+			why := fmt.Sprintf("%d uncorrectable ECC errors", e.Code)
+			if e.Kind == gpu.EventXID {
+				why = fmt.Sprintf("XID %d: %s", e.Code, gpu.XIDText(e.Code))
 			}
+			ag.unhealthy[d.Index] = why
+			ag.log.Error("gpu unhealthy after a critical event", "gpu", d.Index, "why", why)
 		}
 	}
 }
