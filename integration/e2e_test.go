@@ -115,7 +115,7 @@ func TestBrokerKill9(t *testing.T) {
 	c.waitJob(short.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
 	before, _ := cl.Job(ctx, long.ID)
 
-	c.broker.kill() // SIGKILL
+	c.broker.kill()             // SIGKILL
 	time.Sleep(2 * time.Second) // the short job ends while the broker is down
 	c.startBroker()
 

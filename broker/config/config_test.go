@@ -60,8 +60,8 @@ func TestConfigDocumented(t *testing.T) {
 
 func TestBadConfigNamesField(t *testing.T) {
 	cases := map[string]string{
-		"listen: ''\ndataDir: x":                                        "listen",
-		"dataDir: x\nauth: {tokens: [{name: a, role: root, token: x}]}": "auth.tokens[0].role",
+		"listen: ''\ndataDir: x": "listen",
+		"dataDir: x\nauth: {tokens: [{name: a, role: root, token: x}]}":                "auth.tokens[0].role",
 		"dataDir: x\nauth: {tokens: [{name: a, role: user, token: 0123456789abcdef}]}": "auth.tokens[0].team",
 		"dataDir: x\nauth: {tokens: [{name: a, role: agent, token: short}]}":           "auth.tokens[0].token",
 		"dataDir: x\nqueues: [{name: batch}]":                                          "queues",
