@@ -39,6 +39,8 @@ type Config struct {
 	Queues     []Queue     `json:"queues,omitempty"`
 	Priorities []Priority  `json:"priorities,omitempty"`
 	Agents     AgentPolicy `json:"agents,omitempty"`
+	Telemetry  Telemetry   `json:"telemetry,omitempty"`
+	Idle       Idle        `json:"idle,omitempty"`
 }
 
 // Log configures log/slog output.
@@ -236,6 +238,7 @@ func (c *Config) applyDefaults() {
 	if c.Agents.LogLimit == 0 {
 		c.Agents.LogLimit = d.Agents.LogLimit
 	}
+	c.observeDefaults()
 }
 
 var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -348,6 +351,7 @@ func (c *Config) Validate() error {
 	if c.Agents.LogLimit < 1<<10 {
 		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
 	}
+	c.validateObserve(add)
 	if len(ve.Errors) == 0 {
 		return nil
 	}

@@ -170,7 +170,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		}
 	}
 	if req.Telemetry != nil {
-		s.recordTelemetryLocked(n.Name, req.Telemetry)
+		s.recordTelemetryLocked(n.Name, req.Telemetry, req.Owners)
 	}
 
 	resp := &agentapi.SyncResponse{HeartbeatInterval: s.cfg.Agents.HeartbeatInterval.D(), LogOffsets: map[string]int64{}}

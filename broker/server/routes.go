@@ -38,6 +38,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 
 	v1.GET("/nodes", s.listNodes, people)
 	v1.GET("/nodes/:name", s.getNode, people)
+	v1.GET("/telemetry", s.getTelemetry, people)
 
 	agents := allow(config.RoleAgent)
 	v1.POST(agentapi.PathRegister[len("/v1"):], s.register, agents)

@@ -59,8 +59,13 @@ type Server struct {
 	// reasons is the latest pending reason of each pending job; only the
 	// code is persisted, the full text lives here.
 	reasons map[string]broker.PendingReason
-	// telemetry is the latest GPU sample of each node.
+	// telemetry is the latest GPU sample of each node, owners its
+	// processes' jobs.
 	telemetry map[string]*gpu.Sample
+	owners    map[string]map[int]string
+	tele      telemetryState
+	// quiet[j] is when job j's cards last dropped under the idle threshold.
+	quiet map[string]time.Time
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
@@ -89,6 +94,9 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		byNode:    map[string]map[string]bool{},
 		reasons:   map[string]broker.PendingReason{},
 		telemetry: map[string]*gpu.Sample{},
+		owners:    map[string]map[int]string{},
+		tele:      telemetryState{open: map[gpuKey]*accum{}},
+		quiet:     map[string]time.Time{},
 		nodeWake:  map[string]chan struct{}{},
 		schedWake: make(chan struct{}, 1),
 	}

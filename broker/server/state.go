@@ -129,6 +129,12 @@ func (s *Server) Cycle(ctx context.Context) error {
 	if err := s.checkNodesLocked(ctx, now); err != nil {
 		return err
 	}
+	if err := s.checkIdleLocked(ctx, now); err != nil {
+		return err
+	}
+	if err := s.flushTelemetryLocked(ctx, now); err != nil {
+		s.log.Error("telemetry flush failed", "err", err)
+	}
 	snap := s.snapshotLocked(now)
 	t0 := time.Now()
 	plan := sched.Schedule(snap)

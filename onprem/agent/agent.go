@@ -301,6 +301,7 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 	if s, err := ag.backend.Sample(); err == nil {
 		ag.noteEventsLocked(s)
 		req.Telemetry = &s
+		req.Owners = ag.ownersLocked(s)
 	} else {
 		ag.log.Warn("gpu sample failed", "err", err)
 	}
