@@ -126,10 +126,10 @@ func TestMeter(t *testing.T) {
 			through: 5 * time.Minute,
 		},
 		{
-			name:   "a shared card is counted by its memory share",
-			now:    time.Minute,
-			allocs: []billing.Allocation{alloc("j1").Milli(billing.ShareMilli(20<<30, 80<<30)).Obj()},
-			want:   []slice{{0, time.Minute, billing.KindUsage, "nlp", 15_000, "2.10", "0.00875", unk}},
+			name:    "a shared card is counted by its memory share",
+			now:     time.Minute,
+			allocs:  []billing.Allocation{alloc("j1").Milli(billing.ShareMilli(20<<30, 80<<30)).Obj()},
+			want:    []slice{{0, time.Minute, billing.KindUsage, "nlp", 15_000, "2.10", "0.00875", unk}},
 			through: time.Minute,
 		},
 		{
