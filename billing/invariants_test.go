@@ -82,7 +82,7 @@ func randomWorld(seed uint64) world {
 		running := m == 2
 		price, _ := billing.InstancePrice(usd("98.32"), 4)
 		mach := billing.Machine{
-			Pool: billing.Pool{Kind: billing.PoolCloud, Provider: "aws", Region: "us-east-1", InstanceType: "p4d", InstanceID: fmt.Sprintf("i-%d", m), Node: fmt.Sprintf("burst-%d", m)},
+			Pool:     billing.Pool{Kind: billing.PoolCloud, Provider: "aws", Region: "us-east-1", InstanceType: "p4d", InstanceID: fmt.Sprintf("i-%d", m), Node: fmt.Sprintf("burst-%d", m)},
 			GPUModel: "H100", GPUs: 4, Spot: m == 1,
 			Prices: billing.PriceSchedule{{PerGPUHour: price}, {From: start.Add(37*time.Minute + 123*time.Millisecond), PerGPUHour: price + usd("1.5")}},
 			Start:  start, DemandTeam: "nlp",
