@@ -101,11 +101,11 @@ var Columns = []Column{
 		value: func(r *exportRow, _ *ExportOptions) (string, bool) { return str(r.currency) }},
 	{Name: "BillingPeriodEnd", FOCUS: true, Doc: "exclusive end of the UTC calendar month holding ChargePeriodStart",
 		value: func(r *exportRow, _ *ExportOptions) (string, bool) {
-			return focusTime(MonthOf(r.start, time.UTC).To), false
+			return focusTime(r.billingPeriod().To), false
 		}},
 	{Name: "BillingPeriodStart", FOCUS: true, Doc: "start of the UTC calendar month holding ChargePeriodStart",
 		value: func(r *exportRow, _ *ExportOptions) (string, bool) {
-			return focusTime(MonthOf(r.start, time.UTC).From), false
+			return focusTime(r.billingPeriod().From), false
 		}},
 	{Name: "ChargeCategory", FOCUS: true, Doc: "always Usage (overhead is usage of a machine nobody held)",
 		value: func(*exportRow, *ExportOptions) (string, bool) { return focusChargeCategoryUsage, false }},
@@ -274,6 +274,7 @@ type exportRow struct {
 	effective  int64
 	measured   int64
 	cost       Amount
+	month      Period // BillingPeriod, computed once
 }
 
 func (r *exportRow) add(e Entry) {
@@ -311,14 +312,41 @@ func (r *exportRow) sku() string {
 }
 
 func (r *exportRow) tags() string {
-	m := map[string]string{}
-	for k, v := range map[string]string{"team": r.k.team, "project": r.k.project, "user": r.k.user, "job": r.k.job, "queue": r.k.queue} {
-		if v != "" {
-			m["spillway/"+k] = v
+	// keys in sorted order, as a JSON object; empty values left out
+	var b strings.Builder
+	b.WriteByte('{')
+	for _, kv := range [...][2]string{{"spillway/job", r.k.job}, {"spillway/project", r.k.project}, {"spillway/queue", r.k.queue}, {"spillway/team", r.k.team}, {"spillway/user", r.k.user}} {
+		if kv[1] == "" {
+			continue
+		}
+		if b.Len() > 1 {
+			b.WriteByte(',')
+		}
+		b.WriteString(jsonString(kv[0]))
+		b.WriteByte(':')
+		b.WriteString(jsonString(kv[1]))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// jsonString quotes s as a JSON string: plain printable ASCII directly,
+// anything else through encoding/json.
+func jsonString(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s) // a string always marshals
+			return string(b)
 		}
 	}
-	b, _ := json.Marshal(m) // a map of strings always marshals; keys come out sorted
-	return string(b)
+	return `"` + s + `"`
+}
+
+func (r *exportRow) billingPeriod() Period {
+	if r.month.From.IsZero() {
+		r.month = MonthOf(r.start, time.UTC)
+	}
+	return r.month
 }
 
 func (r *exportRow) description() string {
@@ -481,6 +509,7 @@ type jsonRows struct {
 	w     *bufio.Writer
 	o     *ExportOptions
 	count int
+	names []string // quoted column names with their colon
 }
 
 func (j *jsonRows) begin() error {
@@ -489,32 +518,30 @@ func (j *jsonRows) begin() error {
 }
 
 func (j *jsonRows) row(r *exportRow) error {
+	if j.names == nil {
+		j.names = make([]string, len(Columns))
+		for i, col := range Columns {
+			j.names[i] = jsonString(col.Name) + ":"
+		}
+	}
 	if j.count > 0 {
-		j.w.WriteString(",")
+		j.w.WriteByte(',')
 	}
 	j.count++
 	j.w.WriteString("\n{")
 	for i, col := range Columns {
 		if i > 0 {
-			j.w.WriteString(",")
+			j.w.WriteByte(',')
 		}
-		name, _ := json.Marshal(col.Name)
-		j.w.Write(name)
-		j.w.WriteString(":")
+		j.w.WriteString(j.names[i])
 		v, null := col.value(r, j.o)
 		switch {
 		case null:
 			j.w.WriteString("null")
-		case col.Numeric:
+		case col.Numeric, col.Name == "Tags": // Tags is already a JSON object
 			j.w.WriteString(v)
-		case col.Name == "Tags":
-			j.w.WriteString(v) // already a JSON object
 		default:
-			b, err := json.Marshal(v)
-			if err != nil {
-				return err
-			}
-			j.w.Write(b)
+			j.w.WriteString(jsonString(v))
 		}
 	}
 	_, err := j.w.WriteString("}")
