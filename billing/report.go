@@ -171,6 +171,22 @@ type ReportRow struct {
 	Totals
 }
 
+// MarshalJSON writes the key next to the totals (Totals' own MarshalJSON
+// would otherwise be promoted and drop it).
+func (r ReportRow) MarshalJSON() ([]byte, error) {
+	tot, err := r.Totals.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	key, err := json.Marshal(r.Key)
+	if err != nil {
+		return nil, err
+	}
+	out := append([]byte(`{"key":`), key...)
+	out = append(out, ',')
+	return append(out, tot[1:]...), nil
+}
+
 // Report is GPU-hours, effective GPU-hours and cost by group.
 type Report struct {
 	GroupBy  []Dimension `json:"groupBy"`
