@@ -2,6 +2,8 @@ package billing_test
 
 import (
 	"errors"
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -11,55 +13,47 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 )
 
-// exampleConfig is the `billing:` body shown in docs/billing.md.
-const exampleConfig = `
-currency: USD
-slice: 60s
-accountId: acme-research
-accountName: ACME Research GPU cluster
-timeZone: Europe/Berlin
-overhead:
-  chargeTo: demand-team
-  account: burst-overhead
-onprem:
-  rates:
-    H100:
-      - perGPUHour: "2.10"
-      - from: "2027-01-01T00:00:00Z"
-        perGPUHour: "1.85"
-    A100:
-      - perGPUHour: "1.20"
-  defaultRate:
-    - perGPUHour: "1.00"
-retry:
-  attempts: 5
-  initial: 10s
-  max: 2m
-exports:
-  - name: finance-monthly
-    schedule: "0 6 1 * *"
-    timeZone: Europe/Berlin
-    period: previous-month
-    format: csv
-    granularity: day
-    destination:
-      s3:
-        bucket: finance-exports
-        prefix: spillway/
-        region: eu-central-1
-        endpoint: https://minio.internal:9000
-        pathStyle: true
-  - name: nlp-daily
-    schedule: "@daily"
-    period: previous-day
-    format: json
-    team: nlp
-    destination:
-      dir: /var/lib/spillway/exports
-`
+// docsExample returns the body of the `billing:` key in the YAML example of
+// docs/billing.md, so the documented shape is the tested one.
+func docsExample(t *testing.T) []byte {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/billing.md")
+	if err != nil {
+		t.Fatalf("read docs: %v", err)
+	}
+	_, block, ok := strings.Cut(string(doc), "```yaml\nbilling:\n")
+	if !ok {
+		t.Fatal("docs/billing.md has no yaml block starting with billing:")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	var body strings.Builder
+	for line := range strings.Lines(block) {
+		body.WriteString(strings.TrimPrefix(line, "  "))
+	}
+	return []byte(body.String())
+}
+
+func TestDocsNameEveryFieldAndColumn(t *testing.T) {
+	doc, err := os.ReadFile("../docs/billing.md")
+	if err != nil {
+		t.Fatalf("read docs: %v", err)
+	}
+	for _, c := range billing.Columns {
+		if !strings.Contains(string(doc), "| `"+c.Name+"` |") {
+			t.Errorf("docs/billing.md has no row for column %s", c.Name)
+		}
+	}
+	for _, typ := range []reflect.Type{reflect.TypeFor[billing.Entry](), reflect.TypeFor[billing.Pool]()} {
+		for f := range typ.Fields() {
+			if !strings.Contains(string(doc), "`"+f.Name+"`") && !strings.Contains(string(doc), "`Pool."+f.Name+"`") {
+				t.Errorf("docs/billing.md does not document %s.%s", typ.Name(), f.Name)
+			}
+		}
+	}
+}
 
 func TestParseConfigExample(t *testing.T) {
-	_, c, err := billing.ParseConfig([]byte(exampleConfig))
+	_, c, err := billing.ParseConfig(docsExample(t))
 	if err != nil {
 		t.Fatalf("the documented example does not parse: %v", err)
 	}
