@@ -23,11 +23,16 @@ type Config struct {
 	AccountName string `json:"accountName,omitempty"`
 	// TimeZone cuts budget months and the default report days and months
 	// (IANA name; "UTC" when empty).
-	TimeZone string         `json:"timeZone,omitempty"`
+	TimeZone string `json:"timeZone,omitempty"`
+	// Overhead is who pays for idle burst GPUs.
 	Overhead OverheadConfig `json:"overhead,omitempty"`
-	OnPrem   OnPremConfig   `json:"onprem,omitempty"`
-	Exports  []ExportConfig `json:"exports,omitempty"`
-	Retry    *BackoffConfig `json:"retry,omitempty"`
+	// OnPrem holds the amortised on-prem rates.
+	OnPrem OnPremConfig `json:"onprem,omitempty"`
+	// Exports are the scheduled exports.
+	Exports []ExportConfig `json:"exports,omitempty"`
+	// Retry is the scheduled exports' retry policy (DefaultBackoff when
+	// absent).
+	Retry *BackoffConfig `json:"retry,omitempty"`
 }
 
 // OverheadConfig is who pays for idle burst GPUs.
@@ -48,20 +53,29 @@ type OnPremConfig struct {
 
 // ExportConfig is one scheduled export.
 type ExportConfig struct {
-	Name     string `json:"name"`
+	// Name names files and marks: 1-63 of a-z, 0-9, '.', '_', '-'.
+	Name string `json:"name"`
+	// Schedule is a robfig/cron standard spec ("0 6 1 * *", "@daily").
 	Schedule string `json:"schedule"`
 	// TimeZone the schedule fires in and periods are cut in (UTC default).
-	TimeZone    string      `json:"timeZone,omitempty"`
-	Period      string      `json:"period"`
-	Format      string      `json:"format,omitempty"`
-	Granularity string      `json:"granularity,omitempty"`
-	Team        string      `json:"team,omitempty"`
-	CatchUp     int         `json:"catchUp,omitempty"`
+	TimeZone string `json:"timeZone,omitempty"`
+	// Period is previous-day or previous-month.
+	Period string `json:"period"`
+	// Format is csv (default) or json.
+	Format string `json:"format,omitempty"`
+	// Granularity is entry, hour (default) or day.
+	Granularity string `json:"granularity,omitempty"`
+	// Team restricts the export to one team.
+	Team string `json:"team,omitempty"`
+	// CatchUp caps missed periods run at once (DefaultCatchUp when 0).
+	CatchUp int `json:"catchUp,omitempty"`
+	// Destination is a dir or an S3 bucket.
 	Destination Destination `json:"destination"`
 }
 
 // BackoffConfig is the retry policy of scheduled exports.
 type BackoffConfig struct {
+	// Attempts, Initial and Max are those of Backoff.
 	Attempts int      `json:"attempts,omitempty"`
 	Initial  Duration `json:"initial,omitempty"`
 	Max      Duration `json:"max,omitempty"`
@@ -89,12 +103,17 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 
 // Compiled is a checked Config.
 type Compiled struct {
-	Meter              MeterConfig
-	Exports            []ScheduledExport
-	TimeZone           *time.Location
+	// Meter is what Meter and MeterCycle take.
+	Meter MeterConfig
+	// Exports are the scheduled exports, schedules parsed.
+	Exports []ScheduledExport
+	// TimeZone cuts budget months (BurstSpend) and default report days.
+	TimeZone *time.Location
+	// BillingAccountID and BillingAccountName go to Runner and exports.
 	BillingAccountID   string
 	BillingAccountName string
-	Retry              Backoff
+	// Retry goes to Runner.Retry.
+	Retry Backoff
 }
 
 // ParseConfig reads a `billing:` section body from YAML, refusing unknown

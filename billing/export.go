@@ -38,6 +38,7 @@ const (
 
 // ExportOptions says what to export and how.
 type ExportOptions struct {
+	// Format is csv or json.
 	Format Format
 	// Granularity defaults to GranularityHour.
 	Granularity Granularity
@@ -53,7 +54,9 @@ type ExportOptions struct {
 
 // ExportSummary describes a written export.
 type ExportSummary struct {
-	Rows     int
+	// Rows written, header excluded.
+	Rows int
+	// Currency of the amounts (empty when no row).
 	Currency string
 	// Totals is kept equal to the sum of the exported rows, and so to
 	// LedgerTotals for the same period and team.

@@ -30,6 +30,7 @@ const (
 
 // OverheadPolicy is how burst overhead is attributed.
 type OverheadPolicy struct {
+	// ChargeTo picks the payer; ChargeAccount when empty.
 	ChargeTo OverheadCharge
 	// Account is the team name overhead is charged to; DefaultOverheadAccount
 	// when empty.
@@ -82,7 +83,9 @@ func (c MeterConfig) Validate() error {
 // allocation's GPUs at an instant, in thousandths. It holds until the next
 // sample.
 type UtilSample struct {
-	At       time.Time
+	// At is when the reading was taken.
+	At time.Time
+	// Permille is the utilisation in thousandths (0..1000).
 	Permille int32
 }
 
@@ -90,6 +93,8 @@ type UtilSample struct {
 // what the broker knows about a running or recently ended job, per node.
 // A gang job on four nodes is four allocations.
 type Allocation struct {
+	// Job, Attempt, Team, Project, User and Queue are copied onto every
+	// entry (see Entry).
 	Job     string
 	Attempt int
 	Team    string
@@ -98,7 +103,8 @@ type Allocation struct {
 	Queue   string
 	// Pool is the node or machine; for burst machines Pool.InstanceID links
 	// the allocation to its Machine.
-	Pool     Pool
+	Pool Pool
+	// GPUModel and Spot are copied onto every entry.
 	GPUModel string
 	Spot     bool
 	// GPUMilli is the GPUs held in thousandths: 1000 per whole card; a job
@@ -142,7 +148,8 @@ func ShareMilli(memBytes, cardBytes int64) int64 {
 // boot, bootstrap, busy, idle and drain.
 type Machine struct {
 	// Pool.Kind is cloud or lease; Pool.InstanceID is required.
-	Pool     Pool
+	Pool Pool
+	// GPUModel and Spot are copied onto overhead entries.
 	GPUModel string
 	// GPUs is the machine's GPU count.
 	GPUs int

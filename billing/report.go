@@ -189,10 +189,12 @@ func (r ReportRow) MarshalJSON() ([]byte, error) {
 
 // Report is GPU-hours, effective GPU-hours and cost by group.
 type Report struct {
-	GroupBy  []Dimension `json:"groupBy"`
-	Period   Period      `json:"period"`
-	Team     string      `json:"team,omitempty"`
-	Currency string      `json:"currency,omitempty"`
+	// GroupBy, Period and Team echo the query.
+	GroupBy []Dimension `json:"groupBy"`
+	Period  Period      `json:"period"`
+	Team    string      `json:"team,omitempty"`
+	// Currency of every amount (empty when the period is empty).
+	Currency string `json:"currency,omitempty"`
 	// Rows ordered by Key.
 	Rows []ReportRow `json:"rows"`
 	// Total is kept equal to the sum of Rows.

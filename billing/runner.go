@@ -18,9 +18,12 @@ type Clock interface {
 // Backoff is how a failed export is retried: Attempts tries in all, waiting
 // Initial after the first failure and doubling up to Max.
 type Backoff struct {
+	// Attempts in all, the first included.
 	Attempts int
-	Initial  time.Duration
-	Max      time.Duration
+	// Initial wait after the first failure.
+	Initial time.Duration
+	// Max caps the doubling waits.
+	Max time.Duration
 }
 
 // DefaultBackoff tries five times over about five minutes.
@@ -59,20 +62,28 @@ const (
 // RunStatus reports one run.
 type RunStatus struct {
 	DueRun
-	Key      string
-	State    RunState
+	// Key is the object name the file was (or would be) stored under.
+	Key   string
+	State RunState
+	// Attempts made (0 when the run waited or could not start).
 	Attempts int
-	Err      error
-	Summary  ExportSummary
+	// Err is why the run failed or waits; nil when it is ok.
+	Err error
+	// Summary of the written export (rows, totals) when it is ok.
+	Summary ExportSummary
 }
 
 // Runner performs scheduled exports. The running server calls RunDue on
 // each tick of its own timer (sleeping until NextRun); the runner holds no
 // goroutines and reads time only from Clock.
 type Runner struct {
+	// Store is the ledger exported.
 	Store Store
+	// Marks holds the meter cursor (read) and the exports' marks.
 	Marks Watermarks
-	Jobs  []ExportJob
+	// Jobs are the scheduled exports with their sinks.
+	Jobs []ExportJob
+	// Clock gives now and the backoff waits.
 	Clock Clock
 	// Log defaults to slog.Default().
 	Log *slog.Logger

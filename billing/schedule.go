@@ -57,19 +57,26 @@ type ScheduledExport struct {
 	// Location is the zone the schedule fires in and periods are cut in.
 	Location *time.Location
 	// CatchUp caps missed periods run at once (DefaultCatchUp when 0).
-	CatchUp     int
+	CatchUp int
+	// Format and Granularity shape the file (see ExportOptions).
 	Format      Format
 	Granularity Granularity
 	// Team restricts the export to one team; empty exports all teams.
-	Team        string
+	Team string
+	// Destination is where the file goes; the broker opens a Sink for it
+	// (s3sink.SinkFor).
 	Destination Destination
 }
 
 // DueRun is one export that should run now: the cron fire time it stands
 // for and the period it covers.
 type DueRun struct {
+	// Export is the ScheduledExport's name.
 	Export string
-	Fire   time.Time
+	// Fire is the cron fire time the run stands for; it becomes the
+	// export's mark when the run succeeds.
+	Fire time.Time
+	// Period is what the run exports.
 	Period Period
 }
 
