@@ -68,3 +68,32 @@ func BenchmarkMeter(b *testing.B) {
 	}
 	b.ReportMetric(float64(60_000*b.N)/b.Elapsed().Seconds(), "entries/s")
 }
+
+// BenchmarkExportMeteredDay exports one day of a metered fleet (100 GPUs,
+// 60 s slices: 144,000 entries) at day granularity, the shape of a real
+// scheduled export: many entries, few rows.
+func BenchmarkExportMeteredDay(b *testing.B) {
+	day := time.Date(2026, 11, 5, 0, 0, 0, 0, time.UTC)
+	allocs := make([]billing.Allocation, 100)
+	for i := range allocs {
+		allocs[i] = billing.Allocation{
+			Job: "job", Attempt: i, Team: "nlp", Pool: billing.Pool{Kind: billing.PoolOnPrem, Node: "n"},
+			GPUModel: "H100", GPUMilli: 1000, Start: day,
+			Util: []billing.UtilSample{{At: day, Permille: 500}},
+		}
+	}
+	cfg := billing.MeterConfig{Currency: "USD", OnPrem: billing.RateTable{Default: billing.FlatPrice(2_100_000)}}
+	res := billing.Meter(cfg, billing.MeterInput{Now: day.Add(24 * time.Hour), Allocations: allocs})
+	s := billing.NewMemStore()
+	if _, err := s.Append(b.Context(), res.Entries); err != nil {
+		b.Fatal(err)
+	}
+	p := billing.Period{From: day, To: day.Add(24 * time.Hour)}
+	for b.Loop() {
+		sum, err := billing.Export(b.Context(), s, io.Discard, billing.ExportOptions{Format: billing.FormatCSV, Granularity: billing.GranularityDay, Period: p})
+		if err != nil || sum.Rows != 100 {
+			b.Fatalf("%d rows, %v", sum.Rows, err)
+		}
+	}
+	b.ReportMetric(float64(len(res.Entries)*b.N)/b.Elapsed().Seconds(), "entries/s")
+}

@@ -278,6 +278,7 @@ type exportRow struct {
 	measured   int64
 	cost       Amount
 	month      Period // BillingPeriod, computed once
+	sortKey    string // k.sortString(), computed once per flush
 }
 
 func (r *exportRow) add(e Entry) {
@@ -404,19 +405,19 @@ func Export(ctx context.Context, s Store, w io.Writer, o ExportOptions) (ExportS
 	var cur time.Time
 	rows := map[rowKey]*exportRow{}
 	flush := func() error {
-		keys := make([]rowKey, 0, len(rows))
-		for k := range rows {
-			keys = append(keys, k)
+		sorted := make([]*exportRow, 0, len(rows))
+		for _, r := range rows {
+			r.sortKey = r.k.sortString()
+			sorted = append(sorted, r)
 		}
-		slices.SortFunc(keys, func(a, b rowKey) int {
-			ra, rb := rows[a], rows[b]
-			if c := ra.start.Compare(rb.start); c != 0 {
+		slices.SortFunc(sorted, func(a, b *exportRow) int {
+			if c := a.start.Compare(b.start); c != 0 {
 				return c
 			}
-			return strings.Compare(a.sortString(), b.sortString())
+			return strings.Compare(a.sortKey, b.sortKey)
 		})
-		for _, k := range keys {
-			if err := out.row(rows[k]); err != nil {
+		for _, r := range sorted {
+			if err := out.row(r); err != nil {
 				return err
 			}
 			sum.Rows++
