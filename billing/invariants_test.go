@@ -300,3 +300,45 @@ func mustMark(t *testing.T, w billing.Watermarks) time.Time {
 	}
 	return m
 }
+
+// batchSizes records the size of every Append.
+type batchSizes struct {
+	*billing.MemStore
+	sizes []int
+}
+
+func (b *batchSizes) Append(ctx context.Context, es []billing.Entry) (int, error) {
+	b.sizes = append(b.sizes, len(es))
+	return b.MemStore.Append(ctx, es)
+}
+
+func TestMeterCycleCatchesUpAnOutageInWindows(t *testing.T) {
+	w := randomWorld(4)
+	stop := w.end.Add(10 * time.Minute)
+	ref := billing.NewMemStore()
+	runCycles(t, 4, w, stop, ref, ref)
+
+	// The broker meters once at 10 minutes, is down, and comes back at stop.
+	b := &batchSizes{MemStore: billing.NewMemStore()}
+	for _, now := range []time.Time{at(10 * time.Minute), stop} {
+		as, ms := w.view(now, mustMark(t, b))
+		res, err := billing.MeterCycle(t.Context(), b, b, cfgForWorld(), as, ms, now)
+		if err != nil || len(res.Problems) > 0 {
+			t.Fatalf("cycle at %s: %v %v", now.Sub(t0), err, res.Problems)
+		}
+	}
+	all := billing.Period{From: at(-time.Hour), To: at(24 * time.Hour)}
+	if diff := gocmp.Diff(scan(t, ref, all), scan(t, b.MemStore, all)); diff != "" {
+		t.Fatalf("ledger after an outage differs from the regular one (-want +got):\n%s", diff)
+	}
+	if len(b.sizes) < 4 {
+		t.Errorf("the 4-hour outage was appended in %d batches %v, want one per hour", len(b.sizes), b.sizes)
+	}
+	// 3 nodes × 6 lanes + 3 machines × (4 lanes + overhead), one hour of
+	// minutes plus rate splits: far below a day's worth.
+	for _, n := range b.sizes {
+		if n > 60*40 {
+			t.Errorf("a batch of %d entries: more than an hour's worth", n)
+		}
+	}
+}

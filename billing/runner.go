@@ -194,6 +194,9 @@ func (r *Runner) run(ctx context.Context, job ExportJob, due DueRun, log *slog.L
 
 // exportOnce writes the export to a temporary file and puts it in the sink.
 func (r *Runner) exportOnce(ctx context.Context, job ExportJob, due DueRun, key string) (ExportSummary, error) {
+	if job.Sink == nil {
+		return ExportSummary{}, fmt.Errorf("export %s: no sink", job.Name)
+	}
 	f, err := os.CreateTemp(r.TempDir, "spillway-export-*")
 	if err != nil {
 		return ExportSummary{}, fmt.Errorf("create temp file: %w", err)

@@ -243,9 +243,12 @@ func TestRunnerNextRun(t *testing.T) {
 
 func TestDirSinkRefusesKeysOutsideItsDirectory(t *testing.T) {
 	d := billing.DirSink{Dir: t.TempDir()}
-	for _, k := range []string{"", "../x.csv", "/etc/x.csv", "a/../../x.csv"} {
+	for _, k := range []string{"", "../x.csv", "/etc/x.csv", "a/../../x.csv", `..\x.csv`} {
 		if err := d.Put(t.Context(), k, bytes.NewReader(nil)); err == nil {
 			t.Errorf("Put(%q) accepted", k)
 		}
+	}
+	if err := d.Put(t.Context(), "team..a/2026-11.csv", bytes.NewReader([]byte("ok"))); err != nil {
+		t.Errorf("a name with two dots is a name: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -53,8 +54,8 @@ func (d DirSink) Put(ctx context.Context, key string, body io.ReadSeeker) error 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if key == "" || filepath.IsAbs(key) || strings.Contains(key, "..") {
-		return fmt.Errorf("put %q: key must be a relative path without ..", key)
+	if key == "" || strings.HasPrefix(key, "/") || slices.Contains(strings.Split(key, "/"), "..") || strings.Contains(key, "\\") {
+		return fmt.Errorf("put %q: key must be a relative slash-separated path without ..", key)
 	}
 	path := filepath.Join(d.Dir, filepath.FromSlash(key))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
