@@ -1,0 +1,9 @@
+package server
+
+import (
+	"io"
+	"net/http"
+	"strings"
+)
+
+func bufCopy(w *strings.Builder, r *http.Response) (int64, error) { return io.Copy(w, r.Body) }

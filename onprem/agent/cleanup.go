@@ -1,0 +1,167 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spillway-dev/spillway/onprem/agentapi"
+	"github.com/spillway-dev/spillway/onprem/gpu"
+)
+
+// cleanWait is how long the agent waits for a card to show no process of
+// an ended job before it declares the card unhealthy.
+var cleanWait = 5 * time.Second
+
+// afterExit makes sure nothing of an ended attempt keeps its cards: first
+// the rest of its process group, then any process the GPU backend still
+// sees on those cards that belongs to no other running attempt (a
+// grandchild that left the group, say). A card that stays held is taken
+// out of the pool as unhealthy.
+func (ag *Agent) afterExit(r *run) {
+	if r.pgid > 0 {
+		_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
+	}
+	if len(r.a.UUIDs) == 0 {
+		return
+	}
+	deadline := time.Now().Add(cleanWait)
+	killed := map[int]bool{}
+	for {
+		stray, err := ag.strays(r)
+		if err != nil {
+			ag.log.Warn("gpu sample for cleanup failed", "job", r.a.Job, "err", err)
+			return
+		}
+		if len(stray) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			ag.mu.Lock()
+			for idx, pids := range stray {
+				ag.unhealthy[idx] = fmt.Sprintf("cleanup failed: pid %s still holds the card after job %s ended", joinInts(pids), r.a.Job)
+				ag.log.Error("gpu not clean after job; taking it out of the pool", "job", r.a.Job, "gpu", idx, "pids", pids)
+			}
+			ag.mu.Unlock()
+			return
+		}
+		for idx, pids := range stray {
+			for _, pid := range pids {
+				if killed[pid] {
+					continue
+				}
+				killed[pid] = true
+				err := syscall.Kill(pid, syscall.SIGKILL)
+				leak := agentapi.Leak{GPU: uuidAt(ag.inv, idx), PID: pid, Job: r.a.Job, Killed: err == nil}
+				if err != nil {
+					leak.Error = err.Error()
+				}
+				ag.log.Warn("killed a process left on a gpu by an ended job", "job", r.a.Job, "gpu", idx, "pid", pid, "err", err)
+				ag.mu.Lock()
+				ag.leaks = append(ag.leaks, leak)
+				ag.mu.Unlock()
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// strays returns, per card index of the ended run, the processes on it
+// that belong to no other running attempt.
+func (ag *Agent) strays(ended *run) (map[int][]int, error) {
+	s, err := ag.backend.Sample()
+	if err != nil {
+		return nil, err
+	}
+	ag.mu.Lock()
+	ag.noteEventsLocked(s)
+	others := map[string]bool{}
+	otherGroups := map[int]bool{}
+	for _, r := range ag.runs {
+		if r != ended && !r.isDone() {
+			others[r.a.Job] = true
+			otherGroups[r.pgid] = true
+		}
+	}
+	ag.mu.Unlock()
+	mine := map[string]bool{}
+	for _, u := range ended.a.UUIDs {
+		mine[u] = true
+	}
+	out := map[int][]int{}
+	for _, d := range s.Devices {
+		if !mine[d.UUID] {
+			continue
+		}
+		for _, p := range gpu.Holders(s, []string{d.UUID}) {
+			if p.PID == os.Getpid() || belongsTo(p.PID, others, otherGroups) {
+				continue
+			}
+			out[d.Index] = append(out[d.Index], p.PID)
+		}
+	}
+	return out, nil
+}
+
+// belongsTo reports whether pid is part of another running attempt, by its
+// process group or the SPILLWAY_JOB_ID it inherited.
+func belongsTo(pid int, jobs map[string]bool, groups map[int]bool) bool {
+	if pgid, err := syscall.Getpgid(pid); err == nil && groups[pgid] {
+		return true
+	}
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false
+	}
+	for _, kv := range bytes.Split(env, []byte{0}) {
+		if id, ok := bytes.CutPrefix(kv, []byte("SPILLWAY_JOB_ID=")); ok {
+			return jobs[string(id)]
+		}
+	}
+	return false
+}
+
+// noteEventsLocked takes cards out of the pool on critical events: an XID
+// after which NVIDIA says to reset the card, or an uncorrectable ECC error.
+func (ag *Agent) noteEventsLocked(s gpu.Sample) {
+	for _, d := range s.Devices {
+		for _, e := range d.Events {
+			if !gpu.Critical(e) {
+				if e.Kind == gpu.EventXID {
+					ag.log.Info("gpu reported a non-critical xid", "gpu", d.Index, "xid", e.Code, "what", gpu.XIDText(e.Code))
+				}
+				continue
+			}
+			if _, already := ag.unhealthy[d.Index]; already {
+				continue
+			}
+			why := fmt.Sprintf("%d uncorrectable ECC errors", e.Code)
+			if e.Kind == gpu.EventXID {
+				why = fmt.Sprintf("XID %d: %s", e.Code, gpu.XIDText(e.Code))
+			}
+			ag.unhealthy[d.Index] = why
+			ag.log.Error("gpu unhealthy after a critical event", "gpu", d.Index, "why", why)
+		}
+	}
+}
+
+func uuidAt(inv gpu.Inventory, idx int) string {
+	for _, d := range inv.Devices {
+		if d.Index == idx {
+			return d.UUID
+		}
+	}
+	return ""
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
