@@ -101,6 +101,19 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes the duration as a string.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
 
+// ConfigError is one bad field of the billing config; it wraps
+// ErrInvalidConfig. Field is the path from the broker config's root
+// ("billing.exports[0].schedule").
+type ConfigError struct {
+	Field   string
+	Message string
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrInvalidConfig, e.Field, e.Message) }
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
 // Compiled is a checked Config.
 type Compiled struct {
 	// Meter is what Meter and MeterCycle take.
@@ -133,7 +146,7 @@ func ParseConfig(doc []byte) (Config, Compiled, error) {
 func (c Config) Compile() (Compiled, error) {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: billing.%s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...)))
+		errs = append(errs, &ConfigError{Field: "billing." + field, Message: fmt.Sprintf(format, args...)})
 	}
 	out := Compiled{BillingAccountID: c.AccountID, BillingAccountName: c.AccountName, Retry: DefaultBackoff}
 	if out.BillingAccountID == "" {

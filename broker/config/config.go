@@ -6,6 +6,7 @@ package config
 
 import (
 	"crypto/sha256"
+	"errors"
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 )
 
@@ -41,6 +43,11 @@ type Config struct {
 	Agents     AgentPolicy `json:"agents,omitempty"`
 	Telemetry  Telemetry   `json:"telemetry,omitempty"`
 	Idle       Idle        `json:"idle,omitempty"`
+	// Billing is the ledger's configuration (docs/billing.md).
+	Billing billing.Config `json:"billing,omitempty"`
+
+	// billing is Billing checked and compiled by Validate.
+	billing billing.Compiled
 }
 
 // Log configures log/slog output.
@@ -352,11 +359,31 @@ func (c *Config) Validate() error {
 		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
 	}
 	c.validateObserve(add)
+	if comp, err := c.Billing.Compile(); err != nil {
+		var joined interface{ Unwrap() []error }
+		errs := []error{err}
+		if errors.As(err, &joined) {
+			errs = joined.Unwrap()
+		}
+		for _, e := range errs {
+			var ce *billing.ConfigError
+			if errors.As(e, &ce) {
+				add(ce.Field, broker.CodeInvalid, "%s", ce.Message)
+			} else {
+				add("billing", broker.CodeInvalid, "%v", e)
+			}
+		}
+	} else {
+		c.billing = comp
+	}
 	if len(ve.Errors) == 0 {
 		return nil
 	}
 	return ve
 }
+
+// BillingCompiled is the billing section after Validate checked it.
+func (c *Config) BillingCompiled() billing.Compiled { return c.billing }
 
 // DefaultPriority is the class a spec gets when it names none: "medium"
 // when configured, else the middle class.
