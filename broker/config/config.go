@@ -6,9 +6,9 @@ package config
 
 import (
 	"crypto/sha256"
-	"errors"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"

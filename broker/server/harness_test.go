@@ -48,6 +48,10 @@ func testConfig(t *testing.T) *config.Config {
 listen: 127.0.0.1:0
 dataDir: %s
 agents: {heartbeatInterval: 1s, lostAfter: 3}
+billing:
+  onprem:
+    rates:
+      H100: [{perGPUHour: "2.50"}]
 auth:
   tokens:
     - {name: alice, role: user, team: nlp, token: %s}
