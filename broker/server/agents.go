@@ -353,6 +353,13 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 	if len(j.Placements) > 1 {
 		a.Peers = j.Nodes()
 	}
+	if p.MemoryShare > 0 {
+		// A sharer's compute share follows its memory share; the agent
+		// exports it where MPS runs.
+		if n := s.nodes[node]; n != nil && len(n.Inventory.Devices) > 0 && n.Inventory.Devices[0].MemoryBytes > 0 {
+			a.ComputeShare = int(min(100, max(1, p.MemoryShare*100/n.Inventory.Devices[0].MemoryBytes)))
+		}
+	}
 	return a
 }
 
