@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -10,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"sigs.k8s.io/yaml"
+	yaml "go.yaml.in/yaml/v3"
 )
 
 // specHook is implemented by types that decode themselves from a generic
@@ -28,28 +29,124 @@ func DecodeStrict(doc []byte, out any) error {
 	if len(bytes.TrimSpace(doc)) == 0 {
 		return &ValidationError{Errors: []FieldError{{Code: CodeMalformed, Message: "the document is empty"}}}
 	}
-	js, err := yaml.YAMLToJSON(doc)
+	v, err := parseDocument(doc)
 	if err != nil {
-		return &ValidationError{Errors: []FieldError{{Code: CodeMalformed, Message: "not valid YAML or JSON: " + cleanYAMLError(err)}}}
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
 		return &ValidationError{Errors: []FieldError{{Code: CodeMalformed, Message: "not valid YAML or JSON: " + err.Error()}}}
-	}
-	if dec.More() {
-		return &ValidationError{Errors: []FieldError{{Code: CodeMalformed, Message: "more than one document"}}}
 	}
 	ve := &ValidationError{}
 	decodeValue(ve, "", v, reflect.ValueOf(out).Elem())
 	return ve.err()
 }
 
-func cleanYAMLError(err error) string {
-	s := err.Error()
-	s = strings.TrimPrefix(s, "error converting YAML to JSON: ")
-	return strings.TrimPrefix(s, "yaml: ")
+// parseDocument reads one YAML 1.2 document (JSON is YAML) into the
+// values encoding/json would produce, with numbers as json.Number.
+// YAML 1.2 matters: under YAML 1.1 an env key N or a value no would turn
+// into a boolean.
+func parseDocument(doc []byte) (any, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(doc))
+	var root yaml.Node
+	if err := dec.Decode(&root); err != nil {
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, errors.New("more than one document")
+	}
+	budget := maxNodes
+	return nodeValue(&root, 0, &budget)
+}
+
+// maxDepth bounds nesting and maxNodes the values a document may expand
+// to, so aliases cannot multiply a small document into a huge one.
+const (
+	maxDepth = 64
+	maxNodes = 200_000
+)
+
+func nodeValue(n *yaml.Node, depth int, budget *int) (any, error) {
+	if depth > maxDepth {
+		return nil, errors.New("nested too deeply")
+	}
+	if *budget--; *budget < 0 {
+		return nil, errors.New("document expands to too many values (aliases?)")
+	}
+	switch n.Kind {
+	case yaml.DocumentNode:
+		if len(n.Content) == 0 {
+			return nil, nil
+		}
+		return nodeValue(n.Content[0], depth+1, budget)
+	case yaml.AliasNode:
+		return nodeValue(n.Alias, depth+1, budget)
+	case yaml.SequenceNode:
+		out := make([]any, 0, len(n.Content))
+		for _, c := range n.Content {
+			v, err := nodeValue(c, depth+1, budget)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	case yaml.MappingNode:
+		out := make(map[string]any, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
+				return nil, fmt.Errorf("line %d: keys must be plain strings", k.Line)
+			}
+			if _, dup := out[k.Value]; dup {
+				return nil, fmt.Errorf("line %d: key %q appears twice", k.Line, k.Value)
+			}
+			v, err := nodeValue(n.Content[i+1], depth+1, budget)
+			if err != nil {
+				return nil, err
+			}
+			out[k.Value] = v
+		}
+		return out, nil
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return nil, nil
+		case "!!bool":
+			var b bool
+			if err := n.Decode(&b); err != nil {
+				return nil, fmt.Errorf("line %d: %v", n.Line, err)
+			}
+			return b, nil
+		case "!!int":
+			var i int64
+			if err := n.Decode(&i); err != nil {
+				return json.Number(n.Value), nil // out of range: let the field say so
+			}
+			return json.Number(strconv.FormatInt(i, 10)), nil
+		case "!!float":
+			var f float64
+			if err := n.Decode(&f); err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+				return json.Number(n.Value), nil
+			}
+			return json.Number(strconv.FormatFloat(f, 'g', -1, 64)), nil
+		case "!!str":
+			return n.Value, nil
+		}
+		return nil, fmt.Errorf("line %d: unsupported value type %s", n.Line, n.ShortTag())
+	}
+	return nil, fmt.Errorf("line %d: unsupported YAML node", n.Line)
+}
+
+// hasTopLevelKey reports whether a document's top-level mapping has key.
+func hasTopLevelKey(doc []byte, key string) bool {
+	v, err := parseDocument(doc)
+	if err != nil {
+		return false
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return false
+	}
+	_, ok = m[key]
+	return ok
 }
 
 func join(path, name string) string {
@@ -59,7 +156,10 @@ func join(path, name string) string {
 	return path + "." + name
 }
 
-var hookType = reflect.TypeOf((*specHook)(nil)).Elem()
+var (
+	hookType        = reflect.TypeOf((*specHook)(nil)).Elem()
+	unmarshalerType = reflect.TypeOf((*json.Unmarshaler)(nil)).Elem()
+)
 
 // decodeValue stores src into dst, recording problems in ve under path.
 func decodeValue(ve *ValidationError, path string, src any, dst reflect.Value) {
@@ -68,6 +168,18 @@ func decodeValue(ve *ValidationError, path string, src any, dst reflect.Value) {
 	}
 	if dst.CanAddr() && dst.Addr().Type().Implements(hookType) {
 		if err := dst.Addr().Interface().(specHook).decodeSpec(src); err != nil {
+			ve.add(path, CodeInvalid, "%s", err.Error())
+		}
+		return
+	}
+	if dst.CanAddr() && dst.Kind() != reflect.Pointer && dst.Addr().Type().Implements(unmarshalerType) {
+		// Types that read themselves from JSON (time.Time, money) get the
+		// value back as JSON.
+		raw, err := json.Marshal(src)
+		if err == nil {
+			err = dst.Addr().Interface().(json.Unmarshaler).UnmarshalJSON(raw)
+		}
+		if err != nil {
 			ve.add(path, CodeInvalid, "%s", err.Error())
 		}
 		return

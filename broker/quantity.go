@@ -139,6 +139,9 @@ func ParseQuantity(s string) (int64, error) {
 	s = strings.TrimSpace(s)
 	orig := s
 	mult := int64(1)
+	if n := len(s); n >= 2 && s[n-1] == 'B' && strings.ContainsRune("KMGTP", rune(s[n-2])) {
+		s = s[:n-1] // tolerate "80GB" style
+	}
 	for _, q := range quantitySuffixes {
 		if strings.HasSuffix(s, q.s) {
 			mult = q.m
@@ -146,7 +149,6 @@ func ParseQuantity(s string) (int64, error) {
 			break
 		}
 	}
-	s = strings.TrimSuffix(s, "B") // tolerate "80GB" style
 	f, err := strconv.ParseFloat(s, 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
 		return 0, fmt.Errorf("%q is not a size like 16Gi or 512Mi", orig)

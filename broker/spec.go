@@ -137,8 +137,15 @@ func ParseSpec(doc []byte) (Spec, error) {
 	if !utf8.Valid(doc) {
 		return s, &ValidationError{Errors: []FieldError{{Code: CodeMalformed, Message: "spec is not valid UTF-8"}}}
 	}
-	err := DecodeStrict(doc, &s)
-	return s, err
+	if err := DecodeStrict(doc, &s); err != nil {
+		return s, err
+	}
+	if s.Timeout == 0 && hasTopLevelKey(doc, "timeout") {
+		// An explicit "timeout: 0" must not silently become the queue's
+		// default.
+		return s, &ValidationError{Errors: []FieldError{{Field: "timeout", Code: CodeOutOfRange, Message: "must be greater than 0"}}}
+	}
+	return s, nil
 }
 
 // Normalize fills what the user left out: team from the caller, queue,
@@ -203,7 +210,8 @@ func NameFromCommand(argv []string) string {
 // first.
 func (s *Spec) Validate(lim SpecLimits) error {
 	ve := &ValidationError{}
-	checkLabel(ve, "name", s.Name, true)
+	// Without a command there is no name to derive; report the command.
+	checkLabel(ve, "name", s.Name, len(s.Command) > 0)
 	checkLabel(ve, "team", s.Team, true)
 	checkLabel(ve, "project", s.Project, false)
 

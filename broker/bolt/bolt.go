@@ -1,0 +1,182 @@
+// Package bolt is the embedded store: one bbolt file under the data dir, so
+// a small team runs one broker process and nothing else.
+//
+// Every Update is one bbolt read-write transaction, fsynced before it
+// returns. Batch uses bbolt's Batch, which coalesces concurrent callers into
+// one transaction and one fsync (group commit): that is how the submit path
+// reaches thousands of durable writes per second on one disk.
+package bolt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// FileName is the store's file under the data dir.
+const FileName = "spillway.db"
+
+// Store is a broker.Store on one bbolt file.
+type Store struct {
+	db *bbolt.DB
+}
+
+var _ broker.Store = (*Store)(nil)
+
+// Open opens (or creates) the store at path. It fails fast when another
+// process holds the file.
+func Open(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return nil, fmt.Errorf("open store %s: another process has it open", path)
+		}
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	// A short batch window: concurrent submits share a commit, a lone one
+	// waits at most this long.
+	db.MaxBatchDelay = 2 * time.Millisecond
+	db.MaxBatchSize = 2000
+	return &Store{db: db}, nil
+}
+
+// Path is the file the store lives in.
+func (s *Store) Path() string { return s.db.Path() }
+
+// View runs fn in a read-only transaction.
+func (s *Store) View(ctx context.Context, fn func(broker.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.View(func(btx *bbolt.Tx) error { return fn(&tx{btx}) })
+}
+
+// Update runs fn in a read-write transaction and commits it durably.
+func (s *Store) Update(ctx context.Context, fn func(broker.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(btx *bbolt.Tx) error { return fn(&tx{btx}) })
+}
+
+// Batch is Update with group commit.
+func (s *Store) Batch(ctx context.Context, fn func(broker.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Batch(func(btx *bbolt.Tx) error { return fn(&tx{btx}) })
+}
+
+// Close closes the file.
+func (s *Store) Close() error { return s.db.Close() }
+
+type tx struct{ t *bbolt.Tx }
+
+func (t *tx) bucket(b broker.Bucket, create bool) (*bbolt.Bucket, error) {
+	if bk := t.t.Bucket([]byte(b)); bk != nil || !create {
+		return bk, nil
+	}
+	return t.t.CreateBucket([]byte(b))
+}
+
+func (t *tx) Get(b broker.Bucket, key string) ([]byte, error) {
+	bk, _ := t.bucket(b, false)
+	if bk == nil {
+		return nil, broker.ErrNotFound
+	}
+	v := bk.Get([]byte(key))
+	if v == nil {
+		return nil, broker.ErrNotFound
+	}
+	return v, nil
+}
+
+func (t *tx) Put(b broker.Bucket, key string, value []byte) error {
+	if key == "" {
+		return fmt.Errorf("put %s: empty key", b)
+	}
+	bk, err := t.bucket(b, true)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", b, err)
+	}
+	if value == nil {
+		value = []byte{}
+	}
+	return bk.Put([]byte(key), value)
+}
+
+func (t *tx) Delete(b broker.Bucket, key string) error {
+	bk, _ := t.bucket(b, false)
+	if bk == nil {
+		return nil
+	}
+	return bk.Delete([]byte(key))
+}
+
+func (t *tx) Scan(b broker.Bucket, from, to string, fn func(string, []byte) error) error {
+	bk, _ := t.bucket(b, false)
+	if bk == nil {
+		return nil
+	}
+	c := bk.Cursor()
+	var k, v []byte
+	if from == "" {
+		k, v = c.First()
+	} else {
+		k, v = c.Seek([]byte(from))
+	}
+	for ; k != nil; k, v = c.Next() {
+		if to != "" && string(k) >= to {
+			break
+		}
+		if err := fn(string(k), v); err != nil {
+			if errors.Is(err, broker.ErrStopScan) {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *tx) ScanReverse(b broker.Bucket, from, to string, fn func(string, []byte) error) error {
+	bk, _ := t.bucket(b, false)
+	if bk == nil {
+		return nil
+	}
+	c := bk.Cursor()
+	var k, v []byte
+	if to == "" {
+		k, v = c.Last()
+	} else {
+		// Seek lands on the first key >= to; step back once to get below it.
+		k, v = c.Seek([]byte(to))
+		if k == nil {
+			k, v = c.Last()
+		} else {
+			k, v = c.Prev()
+		}
+	}
+	for ; k != nil; k, v = c.Prev() {
+		if string(k) < from {
+			break
+		}
+		if err := fn(string(k), v); err != nil {
+			if errors.Is(err, broker.ErrStopScan) {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,281 @@
+// Package client is the Go client of the broker's /v1 API, used by the
+// spillway CLI and the integration tests.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/server"
+)
+
+// Client talks to one broker.
+type Client struct {
+	BaseURL string
+	Token   string
+	HTTP    *http.Client
+}
+
+// New returns a client for the broker at baseURL.
+func New(baseURL, token string) *Client {
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{}}
+}
+
+// APIError is an error answer of the API.
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+	Field   string
+}
+
+func (e *APIError) Error() string {
+	if e.Field != "" && !strings.HasPrefix(e.Message, e.Field) {
+		return fmt.Sprintf("%s: %s", e.Field, e.Message)
+	}
+	return e.Message
+}
+
+// IsNotFound reports whether err is a 404 from the API.
+func IsNotFound(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusNotFound
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reach broker at %s: %w", c.BaseURL, err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var eb struct {
+		Error struct {
+			Code, Message, Field string
+		} `json:"error"`
+	}
+	ae := &APIError{Status: resp.StatusCode, Code: http.StatusText(resp.StatusCode), Message: strings.TrimSpace(string(raw))}
+	if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
+		ae.Code, ae.Message, ae.Field = eb.Error.Code, eb.Error.Message, eb.Error.Field
+	}
+	return nil, ae
+}
+
+func (c *Client) getJSON(ctx context.Context, method, path string, body io.Reader, contentType string, out any) error {
+	resp, err := c.do(ctx, method, path, body, contentType)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// Submit sends a job spec (YAML or JSON).
+func (c *Client) Submit(ctx context.Context, spec []byte) (*broker.Job, error) {
+	var j broker.Job
+	ct := "application/yaml"
+	if t := bytes.TrimSpace(spec); len(t) > 0 && t[0] == '{' {
+		ct = "application/json"
+	}
+	if err := c.getJSON(ctx, http.MethodPost, "/v1/jobs", bytes.NewReader(spec), ct, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// SubmitSpec sends a Spec value.
+func (c *Client) SubmitSpec(ctx context.Context, s broker.Spec) (*broker.Job, error) {
+	raw, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	return c.Submit(ctx, raw)
+}
+
+// Job fetches one job with its history.
+func (c *Client) Job(ctx context.Context, id string) (*broker.Job, error) {
+	var j broker.Job
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(id), nil, "", &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// ListOptions filter a job listing.
+type ListOptions struct {
+	States []broker.State
+	Team   string
+	Queue  string
+	Limit  int
+	Cursor string
+}
+
+// Jobs lists one page of jobs, newest first.
+func (c *Client) Jobs(ctx context.Context, o ListOptions) (*server.JobList, error) {
+	q := url.Values{}
+	if len(o.States) > 0 {
+		parts := make([]string, len(o.States))
+		for i, s := range o.States {
+			parts[i] = string(s)
+		}
+		q.Set("state", strings.Join(parts, ","))
+	}
+	if o.Team != "" {
+		q.Set("team", o.Team)
+	}
+	if o.Queue != "" {
+		q.Set("queue", o.Queue)
+	}
+	if o.Limit > 0 {
+		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	if o.Cursor != "" {
+		q.Set("cursor", o.Cursor)
+	}
+	var out server.JobList
+	path := "/v1/jobs"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	if err := c.getJSON(ctx, http.MethodGet, path, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Cancel asks the broker to cancel a job.
+func (c *Client) Cancel(ctx context.Context, id string) (*broker.Job, error) {
+	var j broker.Job
+	if err := c.getJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(id)+"/cancel", nil, "", &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// LogOptions select what Logs streams.
+type LogOptions struct {
+	Follow  bool
+	Tail    int // -1: whole log
+	Attempt int // 0: latest
+}
+
+// Logs copies a job's log to w; with Follow it returns when the job ends.
+func (c *Client) Logs(ctx context.Context, id string, o LogOptions, w io.Writer) error {
+	q := url.Values{}
+	if o.Follow {
+		q.Set("follow", "true")
+	}
+	if o.Tail >= 0 {
+		q.Set("tail", strconv.Itoa(o.Tail))
+	}
+	if o.Attempt > 0 {
+		q.Set("attempt", strconv.Itoa(o.Attempt))
+	}
+	path := "/v1/jobs/" + url.PathEscape(id) + "/logs"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	resp, err := c.do(ctx, http.MethodGet, path, nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+// Nodes lists the nodes with their cards.
+func (c *Client) Nodes(ctx context.Context) ([]server.NodeView, error) {
+	var out struct {
+		Nodes []server.NodeView `json:"nodes"`
+	}
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/nodes", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Nodes, nil
+}
+
+// Whoami tells who the token is.
+func (c *Client) Whoami(ctx context.Context) (*server.Whoami, error) {
+	var out server.Whoami
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/whoami", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Health reads /healthz.
+func (c *Client) Health(ctx context.Context) (*server.Health, error) {
+	var out server.Health
+	if err := c.getJSON(ctx, http.MethodGet, "/healthz", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// BillingQuery selects a billing report or export.
+type BillingQuery struct {
+	Month       string // YYYY-MM; or From/To
+	From, To    string
+	Team        string
+	By          string // report dimensions, comma-separated
+	Format      string // export: csv or json
+	Granularity string // export: entry, hour or day
+}
+
+func (q BillingQuery) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"month": q.Month, "from": q.From, "to": q.To, "team": q.Team, "by": q.By,
+		"format": q.Format, "granularity": q.Granularity} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+// Usage fetches a billing report.
+func (c *Client) Usage(ctx context.Context, q BillingQuery) (*billing.Report, error) {
+	var rep billing.Report
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/billing/usage?"+q.values().Encode(), nil, "", &rep); err != nil {
+		return nil, err
+	}
+	return &rep, nil
+}
+
+// Export copies a billing export to w.
+func (c *Client) Export(ctx context.Context, q BillingQuery, w io.Writer) error {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/billing/export?"+q.values().Encode(), nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
+}

@@ -1,0 +1,447 @@
+// Package config is the broker's YAML configuration: its fields, their
+// defaults and their validation. docs/config.md documents every field and
+// deploy/spillway.example.yaml is an annotated example; a test keeps the
+// three in step.
+package config
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// Config is the whole broker configuration.
+type Config struct {
+	// Listen is the HTTP address, e.g. "127.0.0.1:8080".
+	Listen string `json:"listen"`
+	// AdvertiseURL is the URL agents and the CLI use to reach this broker;
+	// defaults to http://<listen>.
+	AdvertiseURL string `json:"advertiseURL,omitempty"`
+	// DataDir holds the embedded store and other local state.
+	DataDir string `json:"dataDir"`
+	// Store selects the store: "bolt" (the default: DataDir/spillway.db),
+	// "bolt:///abs/path.db", or "redis://host:port/db".
+	Store string `json:"store,omitempty"`
+	// Cluster names this installation; burst machines carry it as a tag.
+	Cluster string `json:"cluster,omitempty"`
+
+	Log        Log         `json:"log,omitempty"`
+	Auth       Auth        `json:"auth"`
+	Scheduler  Scheduler   `json:"scheduler,omitempty"`
+	Queues     []Queue     `json:"queues,omitempty"`
+	Priorities []Priority  `json:"priorities,omitempty"`
+	Agents     AgentPolicy `json:"agents,omitempty"`
+	Telemetry  Telemetry   `json:"telemetry,omitempty"`
+	Idle       Idle        `json:"idle,omitempty"`
+	// Billing is the ledger's configuration (docs/billing.md).
+	Billing billing.Config `json:"billing,omitempty"`
+
+	// billing is Billing checked and compiled by Validate.
+	billing billing.Compiled
+}
+
+// Log configures log/slog output.
+type Log struct {
+	Level  string `json:"level,omitempty"`  // debug | info | warn | error
+	Format string `json:"format,omitempty"` // text | json
+}
+
+// Auth lists the bearer tokens the API accepts.
+type Auth struct {
+	Tokens []Token `json:"tokens"`
+}
+
+// Roles a token may carry.
+const (
+	RoleUser     = "user"
+	RoleOperator = "operator"
+	RoleFinance  = "finance"
+	RoleAgent    = "agent"
+)
+
+// Token is one API credential. Exactly one of Token (the secret itself) or
+// TokenSHA256 (its hex SHA-256, so the config file holds no secret) is set.
+type Token struct {
+	Name        string `json:"name"`
+	Role        string `json:"role"`
+	Team        string `json:"team,omitempty"` // required for role user
+	Token       string `json:"token,omitempty"`
+	TokenSHA256 string `json:"tokenSHA256,omitempty"`
+}
+
+// Matches reports whether secret is this token, in constant time.
+func (t Token) Matches(secret string) bool {
+	if t.Token != "" {
+		return subtle.ConstantTimeCompare([]byte(t.Token), []byte(secret)) == 1
+	}
+	sum := sha256.Sum256([]byte(secret))
+	return subtle.ConstantTimeCompare([]byte(strings.ToLower(t.TokenSHA256)), []byte(hex.EncodeToString(sum[:]))) == 1
+}
+
+// Scheduler tunes the scheduling loop.
+type Scheduler struct {
+	// Interval between scheduling cycles (a submit or a freed GPU also
+	// triggers one at once).
+	Interval broker.Duration `json:"interval,omitempty"`
+	// DefaultMaxGPUs bounds resources.gpus while no node has registered
+	// and no cloud offer is configured.
+	DefaultMaxGPUs int `json:"defaultMaxGPUs,omitempty"`
+	// MaxNodes bounds resources.nodes (gang size).
+	MaxNodes int `json:"maxNodes,omitempty"`
+}
+
+// Queue kinds.
+const (
+	QueueBatch   = "batch"
+	QueueLatency = "latency"
+)
+
+// Queue is one class of work.
+type Queue struct {
+	Name string `json:"name"`
+	// Kind is batch (training can wait) or latency (must never wait
+	// behind batch work).
+	Kind           string          `json:"kind,omitempty"`
+	DefaultTimeout broker.Duration `json:"defaultTimeout,omitempty"`
+	MaxTimeout     broker.Duration `json:"maxTimeout,omitempty"`
+	// Sharing lets jobs asking for less than a card's memory share cards.
+	Sharing bool `json:"sharing,omitempty"`
+}
+
+// Priority is one priority class; a higher Value runs first.
+type Priority struct {
+	Name  string `json:"name"`
+	Value int    `json:"value"`
+}
+
+// AgentPolicy is how the broker treats agents.
+type AgentPolicy struct {
+	// HeartbeatInterval is how often agents sync.
+	HeartbeatInterval broker.Duration `json:"heartbeatInterval,omitempty"`
+	// LostAfter is how many missed heartbeats make a node lost.
+	LostAfter int `json:"lostAfter,omitempty"`
+	// LogLimit caps the log bytes the broker keeps per job attempt.
+	LogLimit broker.Quantity `json:"logLimit,omitempty"`
+}
+
+// LostTimeout is how long a node may stay silent before it is lost.
+func (a AgentPolicy) LostTimeout() time.Duration {
+	return time.Duration(a.LostAfter) * a.HeartbeatInterval.D()
+}
+
+// Default returns the configuration every field's default comes from.
+func Default() Config {
+	return Config{
+		Listen:  "127.0.0.1:8080",
+		DataDir: "./data",
+		Store:   "bolt",
+		Cluster: "spillway",
+		Log:     Log{Level: "info", Format: "text"},
+		Scheduler: Scheduler{
+			Interval:       broker.Duration(time.Second),
+			DefaultMaxGPUs: 8,
+			MaxNodes:       64,
+		},
+		Agents: AgentPolicy{
+			HeartbeatInterval: broker.Duration(2 * time.Second),
+			LostAfter:         3,
+			LogLimit:          broker.Quantity(16 << 20),
+		},
+	}
+}
+
+// DefaultQueues are shipped when the config names none.
+func DefaultQueues() []Queue {
+	return []Queue{
+		{Name: "default", Kind: QueueBatch, DefaultTimeout: broker.Duration(4 * time.Hour), MaxTimeout: broker.Duration(7 * 24 * time.Hour)},
+		{Name: "inference", Kind: QueueLatency, DefaultTimeout: broker.Duration(time.Hour), MaxTimeout: broker.Duration(30 * 24 * time.Hour), Sharing: true},
+		{Name: "high_perf", Kind: QueueBatch, DefaultTimeout: broker.Duration(12 * time.Hour), MaxTimeout: broker.Duration(14 * 24 * time.Hour)},
+	}
+}
+
+// DefaultPriorities are shipped when the config names none.
+func DefaultPriorities() []Priority {
+	return []Priority{{Name: "low", Value: 100}, {Name: "medium", Value: 200}, {Name: "high", Value: 300}}
+}
+
+// Load reads and validates a config file. Relative paths inside it are
+// resolved against the file's directory.
+func Load(path string) (*Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if !filepath.IsAbs(c.DataDir) {
+		c.DataDir = filepath.Join(filepath.Dir(path), c.DataDir)
+	}
+	return c, nil
+}
+
+// Parse reads a YAML config, applies defaults and validates it.
+func Parse(raw []byte) (*Config, error) {
+	c := Default()
+	if err := broker.DecodeStrict(raw, &c); err != nil {
+		return nil, err
+	}
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (c *Config) applyDefaults() {
+	d := Default()
+	if len(c.Queues) == 0 {
+		c.Queues = DefaultQueues()
+	}
+	if len(c.Priorities) == 0 {
+		c.Priorities = DefaultPriorities()
+	}
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		if q.Kind == "" {
+			q.Kind = QueueBatch
+		}
+		if q.DefaultTimeout == 0 {
+			q.DefaultTimeout = broker.Duration(4 * time.Hour)
+		}
+		if q.MaxTimeout == 0 {
+			q.MaxTimeout = broker.Duration(7 * 24 * time.Hour)
+		}
+	}
+	if c.AdvertiseURL == "" {
+		c.AdvertiseURL = "http://" + c.Listen
+	}
+	if c.Scheduler.Interval == 0 {
+		c.Scheduler.Interval = d.Scheduler.Interval
+	}
+	if c.Scheduler.DefaultMaxGPUs == 0 {
+		c.Scheduler.DefaultMaxGPUs = d.Scheduler.DefaultMaxGPUs
+	}
+	if c.Scheduler.MaxNodes == 0 {
+		c.Scheduler.MaxNodes = d.Scheduler.MaxNodes
+	}
+	if c.Agents.HeartbeatInterval == 0 {
+		c.Agents.HeartbeatInterval = d.Agents.HeartbeatInterval
+	}
+	if c.Agents.LostAfter == 0 {
+		c.Agents.LostAfter = d.Agents.LostAfter
+	}
+	if c.Agents.LogLimit == 0 {
+		c.Agents.LogLimit = d.Agents.LogLimit
+	}
+	c.observeDefaults()
+}
+
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Validate checks the whole configuration and names the field of every
+// problem.
+func (c *Config) Validate() error {
+	ve := &broker.ValidationError{}
+	add := func(field, code, format string, args ...any) {
+		ve.Errors = append(ve.Errors, broker.FieldError{Field: field, Code: code, Message: fmt.Sprintf(format, args...)})
+	}
+	if c.Listen == "" {
+		add("listen", broker.CodeRequired, "is required, e.g. 127.0.0.1:8080")
+	}
+	if c.DataDir == "" {
+		add("dataDir", broker.CodeRequired, "is required")
+	}
+	if !(c.Store == "" || c.Store == "bolt" || strings.HasPrefix(c.Store, "bolt://") || strings.HasPrefix(c.Store, "redis://") || strings.HasPrefix(c.Store, "rediss://")) {
+		add("store", broker.CodeInvalid, "must be bolt, bolt:///path/file.db or redis://host:port/db")
+	}
+	if !nameRe.MatchString(c.Cluster) {
+		add("cluster", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
+	}
+	switch c.Log.Level {
+	case "", "debug", "info", "warn", "error":
+	default:
+		add("log.level", broker.CodeInvalid, "must be debug, info, warn or error")
+	}
+	switch c.Log.Format {
+	case "", "text", "json":
+	default:
+		add("log.format", broker.CodeInvalid, "must be text or json")
+	}
+	names := map[string]bool{}
+	for i, t := range c.Auth.Tokens {
+		f := fmt.Sprintf("auth.tokens[%d]", i)
+		if !nameRe.MatchString(t.Name) {
+			add(f+".name", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
+		} else if names[t.Name] {
+			add(f+".name", broker.CodeInvalid, "duplicate token name %q", t.Name)
+		}
+		names[t.Name] = true
+		switch t.Role {
+		case RoleUser:
+			if !nameRe.MatchString(t.Team) {
+				add(f+".team", broker.CodeRequired, "is required for role user (the team the token acts for)")
+			}
+		case RoleOperator, RoleFinance, RoleAgent:
+		default:
+			add(f+".role", broker.CodeInvalid, "must be user, operator, finance or agent, got %q", t.Role)
+		}
+		switch {
+		case t.Token != "" && t.TokenSHA256 != "":
+			add(f, broker.CodeInvalid, "set token or tokenSHA256, not both")
+		case t.Token != "" && len(t.Token) < 16:
+			add(f+".token", broker.CodeInvalid, "must be at least 16 characters")
+		case t.Token == "" && t.TokenSHA256 == "":
+			add(f+".token", broker.CodeRequired, "is required (or tokenSHA256)")
+		case t.TokenSHA256 != "" && !regexp.MustCompile(`^[0-9a-fA-F]{64}$`).MatchString(t.TokenSHA256):
+			add(f+".tokenSHA256", broker.CodeInvalid, "must be 64 hex digits (sha256sum of the token)")
+		}
+	}
+	if c.Scheduler.Interval.D() < 10*time.Millisecond {
+		add("scheduler.interval", broker.CodeOutOfRange, "must be at least 10ms")
+	}
+	if c.Scheduler.DefaultMaxGPUs < 1 || c.Scheduler.DefaultMaxGPUs > 1024 {
+		add("scheduler.defaultMaxGPUs", broker.CodeOutOfRange, "must be between 1 and 1024")
+	}
+	if c.Scheduler.MaxNodes < 1 || c.Scheduler.MaxNodes > 256 {
+		add("scheduler.maxNodes", broker.CodeOutOfRange, "must be between 1 and 256")
+	}
+	qnames := map[string]bool{}
+	for i, q := range c.Queues {
+		f := fmt.Sprintf("queues[%d]", i)
+		if !nameRe.MatchString(q.Name) {
+			add(f+".name", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
+		} else if qnames[q.Name] {
+			add(f+".name", broker.CodeInvalid, "duplicate queue %q", q.Name)
+		}
+		qnames[q.Name] = true
+		if q.Kind != QueueBatch && q.Kind != QueueLatency {
+			add(f+".kind", broker.CodeInvalid, "must be batch or latency")
+		}
+		if q.DefaultTimeout <= 0 || q.MaxTimeout <= 0 || q.DefaultTimeout > q.MaxTimeout {
+			add(f+".defaultTimeout", broker.CodeOutOfRange, "must be greater than 0 and at most maxTimeout")
+		}
+	}
+	if len(c.Queues) > 0 && !qnames["default"] {
+		add("queues", broker.CodeRequired, "must include a queue named default")
+	}
+	pnames := map[string]bool{}
+	for i, p := range c.Priorities {
+		f := fmt.Sprintf("priorities[%d]", i)
+		if !nameRe.MatchString(p.Name) {
+			add(f+".name", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
+		} else if pnames[p.Name] {
+			add(f+".name", broker.CodeInvalid, "duplicate priority %q", p.Name)
+		}
+		pnames[p.Name] = true
+		if p.Value < 0 || p.Value > 1_000_000 {
+			add(f+".value", broker.CodeOutOfRange, "must be between 0 and 1000000")
+		}
+	}
+	if c.Agents.HeartbeatInterval.D() < 100*time.Millisecond || c.Agents.HeartbeatInterval.D() > 5*time.Minute {
+		add("agents.heartbeatInterval", broker.CodeOutOfRange, "must be between 100ms and 5m")
+	}
+	if c.Agents.LostAfter < 2 || c.Agents.LostAfter > 100 {
+		add("agents.lostAfter", broker.CodeOutOfRange, "must be between 2 and 100 missed heartbeats")
+	}
+	if c.Agents.LogLimit < 1<<10 {
+		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
+	}
+	c.validateObserve(add)
+	if comp, err := c.Billing.Compile(); err != nil {
+		var joined interface{ Unwrap() []error }
+		errs := []error{err}
+		if errors.As(err, &joined) {
+			errs = joined.Unwrap()
+		}
+		for _, e := range errs {
+			var ce *billing.ConfigError
+			if errors.As(e, &ce) {
+				add(ce.Field, broker.CodeInvalid, "%s", ce.Message)
+			} else {
+				add("billing", broker.CodeInvalid, "%v", e)
+			}
+		}
+	} else {
+		c.billing = comp
+	}
+	if len(ve.Errors) == 0 {
+		return nil
+	}
+	return ve
+}
+
+// BillingCompiled is the billing section after Validate checked it.
+func (c *Config) BillingCompiled() billing.Compiled { return c.billing }
+
+// DefaultPriority is the class a spec gets when it names none: "medium"
+// when configured, else the middle class.
+func (c *Config) DefaultPriority() string {
+	for _, p := range c.Priorities {
+		if p.Name == "medium" {
+			return p.Name
+		}
+	}
+	return c.Priorities[len(c.Priorities)/2].Name
+}
+
+// Queue returns the named queue.
+func (c *Config) Queue(name string) (Queue, bool) {
+	for _, q := range c.Queues {
+		if q.Name == name {
+			return q, true
+		}
+	}
+	return Queue{}, false
+}
+
+// PriorityValue returns a class's value (0 when unknown).
+func (c *Config) PriorityValue(name string) int {
+	for _, p := range c.Priorities {
+		if p.Name == name {
+			return p.Value
+		}
+	}
+	return 0
+}
+
+// SpecLimits is what job validation needs from the config; MaxGPUs and
+// MaxGPUMemory come from the live inventory and the caller fills them.
+func (c *Config) SpecLimits() broker.SpecLimits {
+	lim := broker.SpecLimits{
+		Queues:          map[string]broker.QueueLimits{},
+		DefaultQueue:    "default",
+		DefaultPriority: c.DefaultPriority(),
+		MaxGPUs:         c.Scheduler.DefaultMaxGPUs,
+		MaxNodes:        c.Scheduler.MaxNodes,
+	}
+	for _, q := range c.Queues {
+		lim.Queues[q.Name] = broker.QueueLimits{DefaultTimeout: q.DefaultTimeout.D(), MaxTimeout: q.MaxTimeout.D()}
+	}
+	for _, p := range c.Priorities {
+		lim.Priorities = append(lim.Priorities, p.Name)
+	}
+	return lim
+}
+
+// StorePath is the bbolt file the config selects ("" for Redis).
+func (c *Config) StorePath() string {
+	switch {
+	case c.Store == "" || c.Store == "bolt":
+		return filepath.Join(c.DataDir, "spillway.db")
+	case strings.HasPrefix(c.Store, "bolt://"):
+		return strings.TrimPrefix(c.Store, "bolt://")
+	}
+	return ""
+}

@@ -1,0 +1,268 @@
+package broker
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+func getJSON(tx Tx, b Bucket, key string, v any) error {
+	raw, err := tx.Get(b, key)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("decode %s/%s: %w", b, key, err)
+	}
+	return nil
+}
+
+func putJSON(tx Tx, b Bucket, key string, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s/%s: %w", b, key, err)
+	}
+	return tx.Put(b, key, raw)
+}
+
+// GetJob reads one job, or returns ErrNotFound.
+func GetJob(tx Tx, id string) (*Job, error) {
+	var j Job
+	if err := getJSON(tx, BucketJobs, id, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// PutJob writes a job and keeps the active index equal to the set of
+// non-terminal jobs.
+func PutJob(tx Tx, j *Job) error {
+	if err := putJSON(tx, BucketJobs, j.ID, j); err != nil {
+		return err
+	}
+	if j.State.Terminal() {
+		return tx.Delete(BucketActive, j.ID)
+	}
+	return tx.Put(BucketActive, j.ID, nil)
+}
+
+// ActiveJobs returns every non-terminal job, oldest id first.
+func ActiveJobs(tx Tx) ([]*Job, error) {
+	var out []*Job
+	err := tx.Scan(BucketActive, "", "", func(id string, _ []byte) error {
+		j, err := GetJob(tx, id)
+		if err != nil {
+			return fmt.Errorf("active job %s: %w", id, err)
+		}
+		out = append(out, j)
+		return nil
+	})
+	return out, err
+}
+
+// JobFilter selects jobs in ListJobs. Empty fields match everything.
+type JobFilter struct {
+	States []State
+	Team   string
+	Queue  string
+	// Cursor continues a listing: only jobs with ids before it (newer
+	// listings come first, ids sort by submit time).
+	Cursor string
+	Limit  int
+}
+
+func (f JobFilter) match(j *Job) bool {
+	if f.Team != "" && j.Spec.Team != f.Team {
+		return false
+	}
+	if f.Queue != "" && j.Spec.Queue != f.Queue {
+		return false
+	}
+	if len(f.States) > 0 {
+		for _, s := range f.States {
+			if j.State == s {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// onlyActive reports whether every state the filter asks for is
+// non-terminal, so the active index can serve the listing.
+func (f JobFilter) onlyActive() bool {
+	if len(f.States) == 0 {
+		return false
+	}
+	for _, s := range f.States {
+		if s.Terminal() {
+			return false
+		}
+	}
+	return true
+}
+
+// ListJobs returns up to f.Limit jobs matching f, newest first, and the
+// cursor for the next page ("" when there is none).
+func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	var out []*Job
+	next := ""
+	visit := func(j *Job) error {
+		if !f.match(j) {
+			return nil
+		}
+		if len(out) == f.Limit {
+			next = out[len(out)-1].ID
+			return ErrStopScan
+		}
+		out = append(out, j)
+		return nil
+	}
+	var err error
+	if f.onlyActive() {
+		err = tx.ScanReverse(BucketActive, "", f.Cursor, func(id string, _ []byte) error {
+			j, err := GetJob(tx, id)
+			if err != nil {
+				return err
+			}
+			return visit(j)
+		})
+	} else {
+		err = tx.ScanReverse(BucketJobs, "", f.Cursor, func(_ string, raw []byte) error {
+			var j Job
+			if err := json.Unmarshal(raw, &j); err != nil {
+				return err
+			}
+			return visit(&j)
+		})
+	}
+	if err != nil && !errors.Is(err, ErrStopScan) {
+		return nil, "", err
+	}
+	return out, next, nil
+}
+
+// GetNode reads one node, or returns ErrNotFound.
+func GetNode(tx Tx, name string) (*Node, error) {
+	var n Node
+	if err := getJSON(tx, BucketNodes, name, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// PutNode writes a node.
+func PutNode(tx Tx, n *Node) error { return putJSON(tx, BucketNodes, n.Name, n) }
+
+// ListNodes returns every node by name.
+func ListNodes(tx Tx) ([]*Node, error) {
+	var out []*Node
+	err := tx.Scan(BucketNodes, "", "", func(_ string, raw []byte) error {
+		var n Node
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return err
+		}
+		out = append(out, &n)
+		return nil
+	})
+	return out, err
+}
+
+// LogMeta is what the store knows about one attempt's log.
+type LogMeta struct {
+	// Size is the number of bytes stored, kept equal to the sum of the
+	// chunk lengths under the attempt's prefix in BucketLogs.
+	Size int64 `json:"size"`
+	// Dropped counts bytes the agent sent past the store's cap.
+	Dropped int64 `json:"dropped,omitempty"`
+}
+
+func logKey(job string, attempt int) string { return job + "/" + fmt.Sprintf("%06d", attempt) }
+
+func logChunkKey(job string, attempt int, off int64) string {
+	return logKey(job, attempt) + "/" + fmt.Sprintf("%016d", off)
+}
+
+// GetLogMeta returns the log size of one attempt (zero if none).
+func GetLogMeta(tx Tx, job string, attempt int) (LogMeta, error) {
+	var m LogMeta
+	err := getJSON(tx, BucketLogMeta, logKey(job, attempt), &m)
+	if errors.Is(err, ErrNotFound) {
+		err = nil
+	}
+	return m, err
+}
+
+// AppendLog stores the part of data (which starts at byte offset off of the
+// attempt's log) that the store does not have yet, up to limit bytes in
+// all. Sending the same chunk twice is a no-op. It returns the new size.
+func AppendLog(tx Tx, job string, attempt int, off int64, data []byte, limit int64) (LogMeta, error) {
+	m, err := GetLogMeta(tx, job, attempt)
+	if err != nil {
+		return m, err
+	}
+	end := off + int64(len(data))
+	if end <= m.Size {
+		return m, nil // already have it
+	}
+	if off > m.Size {
+		return m, fmt.Errorf("log chunk for %s at %d leaves a gap after %d: %w", job, off, m.Size, ErrConflict)
+	}
+	data = data[m.Size-off:]
+	if room := limit - m.Size; int64(len(data)) > room {
+		if room < 0 {
+			room = 0
+		}
+		m.Dropped += int64(len(data)) - room
+		data = data[:room]
+	}
+	if len(data) > 0 {
+		if err := tx.Put(BucketLogs, logChunkKey(job, attempt, m.Size), data); err != nil {
+			return m, err
+		}
+		m.Size += int64(len(data))
+	}
+	return m, putJSON(tx, BucketLogMeta, logKey(job, attempt), m)
+}
+
+// ReadLog returns up to max bytes of an attempt's log starting at byte from.
+func ReadLog(tx Tx, job string, attempt int, from int64, max int) ([]byte, error) {
+	prefix := logKey(job, attempt) + "/"
+	var out []byte
+	// Find the chunk that holds `from`: the last chunk starting at or before it.
+	start := prefix
+	_ = tx.ScanReverse(BucketLogs, prefix, PrefixEnd(logChunkKey(job, attempt, from)), func(k string, _ []byte) error {
+		start = k
+		return ErrStopScan
+	})
+	err := tx.Scan(BucketLogs, start, PrefixEnd(prefix), func(k string, v []byte) error {
+		off, err := strconv.ParseInt(k[len(prefix):], 10, 64)
+		if err != nil {
+			return fmt.Errorf("log key %q: %w", k, err)
+		}
+		if end := off + int64(len(v)); end <= from {
+			return nil
+		}
+		if off < from {
+			v = v[from-off:]
+		}
+		room := max - len(out)
+		if len(v) > room {
+			v = v[:room]
+		}
+		out = append(out, v...)
+		if len(out) >= max {
+			return ErrStopScan
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrStopScan) {
+		return nil, err
+	}
+	return out, nil
+}

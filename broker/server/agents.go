@@ -1,0 +1,376 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/onprem/agentapi"
+)
+
+// maxSyncBytes bounds one agent request: log chunks are capped by the agent
+// well below this.
+const maxSyncBytes = 8 << 20
+
+// nodeNameRe is what a node may be called.
+var nodeNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// How long a stale node record keeps LastSeen unwritten: liveness lives in
+// memory on the leader; the store gets it at least this often.
+const lastSeenPersistEvery = 30 * time.Second
+
+func decodeBody(c echo.Context, limit int64, v any) error {
+	raw, err := io.ReadAll(io.LimitReader(c.Request().Body, limit+1))
+	if err != nil {
+		return errBadRequest("", "malformed", "read body: %v", err)
+	}
+	if int64(len(raw)) > limit {
+		return errBadRequest("", broker.CodeTooLarge, "body is larger than %d bytes", limit)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
+	}
+	return nil
+}
+
+// register handles an agent process start: a new generation for the node,
+// and the jobs an earlier agent process held there go back to the queue
+// (the new agent killed whatever the old one left behind).
+func (s *Server) register(c echo.Context) error {
+	var req agentapi.RegisterRequest
+	if err := decodeBody(c, maxSyncBytes, &req); err != nil {
+		return err
+	}
+	if !nodeNameRe.MatchString(req.Node) {
+		return errBadRequest("node", broker.CodeInvalid, "node name must be 1-63 letters, digits, '.', '_' or '-'")
+	}
+	p := principal(c)
+	if p.Node != "" && p.Node != req.Node {
+		return errForbidden("this agent token belongs to node %s, not %s", p.Node, req.Node)
+	}
+	ctx := c.Request().Context()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	n := &broker.Node{Name: req.Node, Pool: "onprem"}
+	if old, ok := s.nodes[req.Node]; ok {
+		n = cloneNode(old)
+	} else {
+		n.RegisteredAt = now
+	}
+	n.Generation++
+	n.Labels = req.Labels
+	if pool := req.Labels["pool"]; pool != "" {
+		n.Pool = pool
+	}
+	n.Instance = req.Labels["instance"]
+	n.Inventory = req.Inventory
+	n.CPU, n.Memory = req.CPU, req.Memory
+	n.Unhealthy = req.Unhealthy
+	n.State = broker.NodeReady
+	n.LastSeen = now
+	n.AgentVersion = req.AgentVersion
+	n.Address = c.RealIP()
+	var jobs []*broker.Job
+	for _, j := range s.holdingOnLocked(n.Name) {
+		jj := cloneJob(j)
+		s.loseJob(jj, now, now, "agent_restarted", fmt.Sprintf("the agent on %s restarted (generation %d)", n.Name, n.Generation))
+		jobs = append(jobs, jj)
+	}
+	if err := s.commitLocked(ctx, jobs, []*broker.Node{n}, nil); err != nil {
+		return err
+	}
+	s.log.Info("agent registered", "node", n.Name, "generation", n.Generation, "gpus", len(n.Inventory.Devices),
+		"backend", n.Inventory.Backend, "requeued", len(jobs))
+	s.kick()
+	return c.JSON(http.StatusOK, agentapi.RegisterResponse{Generation: n.Generation, HeartbeatInterval: s.cfg.Agents.HeartbeatInterval.D()})
+}
+
+// sync is the agent heartbeat: record what the agent reports, store its log
+// bytes, and answer with the node's orders — holding the answer back up to
+// req.Wait when there is nothing new to say.
+func (s *Server) sync(c echo.Context) error {
+	var req agentapi.SyncRequest
+	if err := decodeBody(c, maxSyncBytes, &req); err != nil {
+		return err
+	}
+	p := principal(c)
+	if p.Node != "" && p.Node != req.Node {
+		return errForbidden("this agent token belongs to node %s, not %s", p.Node, req.Node)
+	}
+	ctx := c.Request().Context()
+	s.mu.Lock()
+	resp, err := s.recordSyncLocked(ctx, &req)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	if len(resp.Start) == 0 && len(resp.Stop) == 0 && req.Wait > 0 {
+		wait := s.nodeWaitLocked(req.Node)
+		s.mu.Unlock()
+		timer := time.NewTimer(min(req.Wait, time.Minute))
+		select {
+		case <-wait:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		s.mu.Lock()
+		resp.Start, resp.Stop = s.ordersLocked(req.Node, reportedSet(&req))
+	}
+	s.mu.Unlock()
+	return c.JSON(http.StatusOK, resp)
+}
+
+func reportedSet(req *agentapi.SyncRequest) map[agentapi.JobRef]agentapi.RunState {
+	out := make(map[agentapi.JobRef]agentapi.RunState, len(req.Jobs))
+	for _, r := range req.Jobs {
+		out[r.JobRef] = r.State
+	}
+	return out
+}
+
+func refKey(r agentapi.JobRef) string { return r.Job + "/" + strconv.Itoa(r.Attempt) }
+
+// recordSyncLocked applies one heartbeat to the store and memory.
+func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest) (*agentapi.SyncResponse, error) {
+	old, ok := s.nodes[req.Node]
+	if !ok {
+		return nil, newError(http.StatusNotFound, "unknown_node", "node %s is not registered; register first", req.Node)
+	}
+	if req.Generation != old.Generation {
+		return nil, newError(http.StatusConflict, "stale_generation",
+			"generation %d is not the node's current %d; register again", req.Generation, old.Generation)
+	}
+	now := s.clock.Now()
+	n := cloneNode(old)
+	n.LastSeen = now
+	nodeChanged := now.Sub(old.LastSeen) >= lastSeenPersistEvery
+	if old.State == broker.NodeLost {
+		n.State = broker.NodeReady
+		nodeChanged = true
+		s.log.Info("node back", "node", n.Name)
+	}
+	if !mapsEqual(old.Unhealthy, req.Unhealthy) {
+		n.Unhealthy = req.Unhealthy
+		nodeChanged = true
+		for idx, why := range req.Unhealthy {
+			if _, was := old.Unhealthy[idx]; !was {
+				s.log.Warn("gpu unhealthy", "node", n.Name, "gpu", idx, "reason", why)
+			}
+		}
+	}
+	if req.Telemetry != nil {
+		s.recordTelemetryLocked(n.Name, req.Telemetry, req.Owners)
+	}
+
+	resp := &agentapi.SyncResponse{HeartbeatInterval: s.cfg.Agents.HeartbeatInterval.D(), LogOffsets: map[string]int64{}}
+	reported := reportedSet(req)
+	changed := map[string]*broker.Job{}
+	get := func(id string) *broker.Job {
+		if j, ok := changed[id]; ok {
+			return j
+		}
+		return s.jobs[id]
+	}
+	mine := func(r agentapi.JobRef) *broker.Job {
+		j := get(r.Job)
+		if j == nil || j.Attempt != r.Attempt || !j.State.Holding() {
+			return nil
+		}
+		if _, _, ok := placedOn(j, n.Name); !ok {
+			return nil
+		}
+		return j
+	}
+	for _, r := range req.Jobs {
+		j := mine(r.JobRef)
+		if j == nil {
+			if r.State != agentapi.RunRunning {
+				resp.Ack = append(resp.Ack, r.JobRef) // about an attempt we no longer track
+			}
+			continue
+		}
+		switch r.State {
+		case agentapi.RunRunning:
+			if j.State == broker.StateStarting {
+				jj := cloneJob(j)
+				started := r.StartedAt
+				if started.IsZero() {
+					started = now
+				}
+				jj.StartedAt = &started
+				jj.Transit(started, broker.StateRunning, "started", "on "+n.Name)
+				changed[j.ID] = jj
+			}
+		default:
+			jj := cloneJob(j)
+			s.endAttempt(jj, r, now)
+			changed[j.ID] = jj
+			resp.Ack = append(resp.Ack, r.JobRef)
+		}
+	}
+	// Jobs the broker has on this node that the agent does not report.
+	for _, j := range s.holdingOnLocked(n.Name) {
+		ref := agentapi.JobRef{Job: j.ID, Attempt: j.Attempt}
+		if _, ok := reported[ref]; ok || changed[j.ID] != nil {
+			continue
+		}
+		switch {
+		case j.State == broker.StateStarting && j.Stop != nil:
+			// Never started, and will not be now.
+			jj := cloneJob(j)
+			s.endAttempt(jj, agentapi.JobReport{JobRef: ref, State: agentapi.RunFailedToStart, EndedAt: now,
+				Message: "stopped before it started"}, now)
+			changed[j.ID] = jj
+		case j.State == broker.StateRunning:
+			jj := cloneJob(j)
+			s.loseJob(jj, now, now, "agent_forgot", fmt.Sprintf("the agent on %s no longer reports this attempt", n.Name))
+			changed[j.ID] = jj
+		}
+	}
+
+	jobs := make([]*broker.Job, 0, len(changed))
+	for _, j := range changed {
+		jobs = append(jobs, j)
+	}
+	var nodes []*broker.Node
+	if nodeChanged {
+		nodes = []*broker.Node{n}
+	}
+	logLimit := int64(s.cfg.Agents.LogLimit)
+	extra := func(tx broker.Tx) error {
+		for _, ch := range req.Logs {
+			j := s.jobs[ch.Job]
+			if j == nil || j.Attempt != ch.Attempt {
+				continue // a chunk of an attempt the broker no longer tracks
+			}
+			if _, _, ok := placedOn(j, n.Name); !ok {
+				continue
+			}
+			if _, err := broker.AppendLog(tx, ch.Job, ch.Attempt, ch.Offset, ch.Data, logLimit); err != nil && !errors.Is(err, broker.ErrConflict) {
+				return err
+			}
+		}
+		for _, r := range req.Jobs {
+			m, err := broker.GetLogMeta(tx, r.Job, r.Attempt)
+			if err != nil {
+				return err
+			}
+			// Bytes past the cap count as delivered so the agent stops
+			// resending them.
+			resp.LogOffsets[refKey(r.JobRef)] = m.Size + m.Dropped
+		}
+		return nil
+	}
+	if len(jobs) == 0 && len(nodes) == 0 && len(req.Logs) == 0 {
+		// Nothing to write: read the log offsets only.
+		if err := s.store.View(ctx, extra); err != nil {
+			return nil, err
+		}
+	} else if err := s.commitLocked(ctx, jobs, nodes, extra); err != nil {
+		return nil, err
+	}
+	s.nodes[n.Name] = n // LastSeen lives in memory even when not written
+	for _, j := range jobs {
+		if !j.State.Holding() {
+			s.kick() // GPUs were freed
+			break
+		}
+	}
+	resp.Start, resp.Stop = s.ordersLocked(n.Name, reported)
+	return resp, nil
+}
+
+// ordersLocked derives the node's complete orders from state: start every
+// attempt placed here that the agent does not run yet, stop every attempt
+// with a stop request, kill whatever the agent runs that is not ours.
+func (s *Server) ordersLocked(node string, reported map[agentapi.JobRef]agentapi.RunState) ([]agentapi.Assignment, []agentapi.StopOrder) {
+	var starts []agentapi.Assignment
+	var stops []agentapi.StopOrder
+	ours := map[agentapi.JobRef]bool{}
+	for _, j := range s.holdingOnLocked(node) {
+		ref := agentapi.JobRef{Job: j.ID, Attempt: j.Attempt}
+		ours[ref] = true
+		_, isReported := reported[ref]
+		switch {
+		case j.Stop != nil:
+			if reported[ref] == agentapi.RunRunning {
+				stops = append(stops, agentapi.StopOrder{JobRef: ref, Signal: j.Stop.Signal, Grace: j.Stop.Grace, Reason: j.Stop.Reason})
+			}
+		case j.State == broker.StateStarting && !isReported:
+			starts = append(starts, s.assignment(j, node))
+		}
+	}
+	for ref, st := range reported {
+		if st == agentapi.RunRunning && !ours[ref] {
+			stops = append(stops, agentapi.StopOrder{JobRef: ref, Signal: "SIGKILL", Reason: "not_assigned"})
+		}
+	}
+	return starts, stops
+}
+
+// assignment is what the agent needs to start one attempt on node.
+func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
+	p, rank, _ := placedOn(j, node)
+	env := make(map[string]string, len(j.Spec.Env)+6)
+	for k, v := range j.Spec.Env {
+		env[k] = v
+	}
+	env["SPILLWAY_JOB_ID"] = j.ID
+	env["SPILLWAY_JOB_NAME"] = j.Spec.Name
+	env["SPILLWAY_ATTEMPT"] = strconv.Itoa(j.Attempt)
+	env["SPILLWAY_TEAM"] = j.Spec.Team
+	env["SPILLWAY_NODE_RANK"] = strconv.Itoa(rank)
+	env["SPILLWAY_NUM_NODES"] = strconv.Itoa(len(j.Placements))
+	if j.LastCheckpointAt != nil {
+		env["SPILLWAY_RESUME"] = "1"
+	}
+	a := agentapi.Assignment{
+		JobRef:      agentapi.JobRef{Job: j.ID, Attempt: j.Attempt},
+		Name:        j.Spec.Name,
+		Team:        j.Spec.Team,
+		Argv:        j.Spec.Command,
+		Env:         env,
+		Workdir:     j.Spec.Workdir,
+		GPUs:        p.GPUs,
+		UUIDs:       p.UUIDs,
+		MemoryShare: p.MemoryShare,
+		Timeout:     j.Spec.Timeout.D(),
+		Signal:      j.Spec.Checkpoint.Signal,
+		Grace:       j.Spec.Checkpoint.Grace.D(),
+		Rank:        rank,
+	}
+	if len(j.Placements) > 1 {
+		a.Peers = j.Nodes()
+	}
+	if p.MemoryShare > 0 {
+		// A sharer's compute share follows its memory share; the agent
+		// exports it where MPS runs.
+		if n := s.nodes[node]; n != nil && len(n.Inventory.Devices) > 0 && n.Inventory.Devices[0].MemoryBytes > 0 {
+			a.ComputeShare = int(min(100, max(1, p.MemoryShare*100/n.Inventory.Devices[0].MemoryBytes)))
+		}
+	}
+	return a
+}
+
+func mapsEqual(a, b map[int]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}

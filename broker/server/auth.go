@@ -1,0 +1,75 @@
+package server
+
+import (
+	"context"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/broker/config"
+)
+
+// Principal is who is calling: the name and role of their token, and their
+// team for role user.
+type Principal struct {
+	Name string `json:"name"`
+	Role string `json:"role"`
+	Team string `json:"team,omitempty"`
+	// Node binds a per-machine agent token to the one node it may speak
+	// for ("" for cluster-wide agent tokens from the config).
+	Node string `json:"node,omitempty"`
+}
+
+const principalKey = "spillway.principal"
+
+func principal(c echo.Context) Principal {
+	p, _ := c.Get(principalKey).(Principal)
+	return p
+}
+
+// authenticate resolves the bearer token to a Principal, or answers 401.
+func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Request().Header.Get("Authorization")
+		secret, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok || secret == "" {
+			return errUnauthorized
+		}
+		p, ok := s.lookupToken(c.Request().Context(), secret)
+		if !ok {
+			return errUnauthorized
+		}
+		c.Set(principalKey, p)
+		return next(c)
+	}
+}
+
+func (s *Server) lookupToken(_ context.Context, secret string) (Principal, bool) {
+	for _, t := range s.cfg.Auth.Tokens {
+		if t.Matches(secret) {
+			return Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
+		}
+	}
+	return Principal{}, false
+}
+
+// allow answers 403 unless the caller has one of roles.
+func allow(roles ...string) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			p := principal(c)
+			for _, r := range roles {
+				if p.Role == r {
+					return next(c)
+				}
+			}
+			return errForbidden("role %s may not %s %s", p.Role, c.Request().Method, c.Path())
+		}
+	}
+}
+
+// canSeeTeam reports whether the caller may see a team's jobs: operators
+// see all, users their own team.
+func canSeeTeam(p Principal, team string) bool {
+	return p.Role == config.RoleOperator || (p.Role == config.RoleUser && p.Team == team)
+}

@@ -1,0 +1,28 @@
+package server
+
+import (
+	"crypto/rand"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// idSource makes job ids: ULIDs, which sort by creation time, so a listing
+// in id order is a listing in submit order. Ids made in the same
+// millisecond are monotonic.
+type idSource struct {
+	mu      sync.Mutex
+	entropy io.Reader
+}
+
+func newIDSource() *idSource {
+	return &idSource{entropy: ulid.Monotonic(rand.Reader, 0)}
+}
+
+func (s *idSource) next(now time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return ulid.MustNew(ulid.Timestamp(now), s.entropy).String()
+}

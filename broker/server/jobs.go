@@ -1,0 +1,231 @@
+package server
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/config"
+)
+
+// specLimits is the config's limits plus what the live inventory allows:
+// no job may ask for more GPUs than the largest node has.
+func (s *Server) specLimitsLocked() broker.SpecLimits {
+	lim := s.cfg.SpecLimits()
+	largest, mem := 0, int64(0)
+	for _, n := range s.nodes {
+		largest = max(largest, len(n.Inventory.Devices))
+		for _, d := range n.Inventory.Devices {
+			mem = max(mem, d.MemoryBytes)
+		}
+	}
+	if largest > 0 {
+		lim.MaxGPUs = largest
+		lim.MaxGPUMemory = mem
+	}
+	return lim
+}
+
+// submit validates a spec and stores the job durably before answering 201.
+func (s *Server) submit(c echo.Context) error {
+	p := principal(c)
+	raw, err := io.ReadAll(io.LimitReader(c.Request().Body, broker.MaxSpecBytes+1))
+	if err != nil {
+		return errBadRequest("", broker.CodeMalformed, "read body: %v", err)
+	}
+	spec, err := broker.ParseSpec(raw)
+	if err != nil {
+		return err
+	}
+	callerTeam := ""
+	if p.Role == config.RoleUser {
+		callerTeam = p.Team
+		if spec.Team != "" && spec.Team != p.Team {
+			e := errForbidden("token %s acts for team %s and cannot submit for team %s", p.Name, p.Team, clip(spec.Team))
+			e.Field = "team"
+			return e
+		}
+	}
+	s.mu.Lock()
+	lim := s.specLimitsLocked()
+	s.mu.Unlock()
+	spec.Normalize(callerTeam, lim)
+	if err := spec.Validate(lim); err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
+	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
+	ctx := c.Request().Context()
+	if err := s.store.Batch(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, j) }); err != nil {
+		return fmt.Errorf("store job: %w", err)
+	}
+	s.mu.Lock()
+	s.jobs[j.ID] = j
+	s.mu.Unlock()
+	s.metrics.submitted.WithLabelValues(j.Spec.Queue).Inc()
+	s.metrics.observeTransition(nil, j)
+	s.log.Info("job submitted", "job", j.ID, "team", j.Spec.Team, "queue", j.Spec.Queue, "gpus", j.TotalGPUs(), "user", p.Name)
+	s.kick()
+	return c.JSON(http.StatusCreated, j)
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
+
+// loadVisibleJob reads a job the caller may see; another team's job is
+// "not found", so ids cannot be probed.
+func (s *Server) loadVisibleJob(c echo.Context) (*broker.Job, error) {
+	id := c.Param("id")
+	var j *broker.Job
+	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
+		var err error
+		j, err = broker.GetJob(tx, id)
+		return err
+	})
+	if err != nil {
+		if err == broker.ErrNotFound {
+			return nil, newError(http.StatusNotFound, "not_found", "job %s not found", clip(id))
+		}
+		return nil, err
+	}
+	if !canSeeTeam(principal(c), j.Spec.Team) {
+		return nil, newError(http.StatusNotFound, "not_found", "job %s not found", clip(id))
+	}
+	s.overlayReason(j)
+	return j, nil
+}
+
+// overlayReason puts the latest pending reason (with queue position) on a
+// job read from the store.
+func (s *Server) overlayReason(j *broker.Job) {
+	if j.State != broker.StatePending {
+		return
+	}
+	s.mu.Lock()
+	r, ok := s.reasons[j.ID]
+	s.mu.Unlock()
+	if ok {
+		j.Pending = &r
+	}
+}
+
+func (s *Server) getJob(c echo.Context) error {
+	j, err := s.loadVisibleJob(c)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, j)
+}
+
+// JobList is the body of GET /v1/jobs.
+type JobList struct {
+	Jobs []*broker.Job `json:"jobs"`
+	// Next is the cursor for the following page, "" on the last.
+	Next string `json:"next,omitempty"`
+}
+
+func (s *Server) listJobs(c echo.Context) error {
+	p := principal(c)
+	f := broker.JobFilter{Team: c.QueryParam("team"), Queue: c.QueryParam("queue"), Cursor: c.QueryParam("cursor")}
+	if p.Role == config.RoleUser {
+		if f.Team != "" && f.Team != p.Team {
+			return errForbidden("token %s sees only team %s", p.Name, p.Team)
+		}
+		f.Team = p.Team
+	}
+	if st := c.QueryParam("state"); st != "" {
+		for _, part := range strings.Split(st, ",") {
+			state := broker.State(strings.TrimSpace(part))
+			if !state.Valid() {
+				return errBadRequest("state", broker.CodeInvalid, "unknown state %q", clip(part))
+			}
+			f.States = append(f.States, state)
+		}
+	}
+	if l := c.QueryParam("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			return errBadRequest("limit", broker.CodeOutOfRange, "must be between 1 and 1000")
+		}
+		f.Limit = n
+	}
+	var out JobList
+	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
+		var err error
+		out.Jobs, out.Next, err = broker.ListJobs(tx, f)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if out.Jobs == nil {
+		out.Jobs = []*broker.Job{}
+	}
+	for _, j := range out.Jobs {
+		s.overlayReason(j)
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// cancel ends a pending job at once, or asks the agent to stop a running
+// one (checkpoint signal, grace, kill); the job is cancelled when the
+// agent reports the end.
+func (s *Server) cancel(c echo.Context) error {
+	j, err := s.loadVisibleJob(c)
+	if err != nil {
+		return err
+	}
+	if j.State.Terminal() {
+		return newError(http.StatusConflict, "conflict", "job %s already ended (%s)", j.ID, j.State)
+	}
+	p := principal(c)
+	ctx := c.Request().Context()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.jobs[j.ID]
+	if !ok {
+		return newError(http.StatusConflict, "conflict", "job %s already ended", j.ID)
+	}
+	now := s.clock.Now()
+	jj := cloneJob(cur)
+	switch {
+	case jj.Stop != nil && jj.Stop.Reason == "cancelled":
+		return c.JSON(http.StatusAccepted, jj) // already on its way
+	case jj.State.Holding():
+		jj.Stop = &broker.StopRequest{Reason: "cancelled", Detail: "cancelled by " + p.Name, Signal: jj.Spec.Checkpoint.Signal,
+			Grace: jj.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: p.Name}
+	default:
+		jj.Transit(now, broker.StateCancelled, "cancelled", "cancelled by "+p.Name)
+	}
+	if err := s.commitLocked(ctx, []*broker.Job{jj}, nil, nil); err != nil {
+		return err
+	}
+	for _, n := range jj.Nodes() {
+		s.wakeNodeLocked(n)
+	}
+	s.log.Info("job cancel requested", "job", jj.ID, "by", p.Name, "state", jj.State)
+	if jj.State.Terminal() {
+		return c.JSON(http.StatusOK, jj)
+	}
+	return c.JSON(http.StatusAccepted, jj)
+}
+
+// Whoami is the body of GET /v1/whoami.
+type Whoami struct {
+	Principal
+	Version string `json:"version"`
+}
+
+func (s *Server) whoami(c echo.Context) error {
+	return c.JSON(http.StatusOK, Whoami{Principal: principal(c), Version: Version})
+}

@@ -1,0 +1,115 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// metrics are the broker's Prometheus series; docs/metrics.md lists them.
+type metrics struct {
+	requests     *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
+	submitted    *prometheus.CounterVec
+	transitions  *prometheus.CounterVec
+	cycleSeconds prometheus.Histogram
+	idle         *prometheus.CounterVec
+	exports      *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_http_requests_total", Help: "API requests by method, route and status code.",
+		}, []string{"method", "route", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "spillway_http_request_duration_seconds", Help: "API request latency.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5},
+		}, []string{"method", "route"}),
+		submitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_jobs_submitted_total", Help: "Jobs accepted, by queue.",
+		}, []string{"queue"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_job_transitions_total", Help: "Job state transitions, by the state entered.",
+		}, []string{"state"}),
+		cycleSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "spillway_scheduler_cycle_duration_seconds", Help: "Time the scheduler core took per cycle.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+	}
+	m.idle = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spillway_jobs_idle_total", Help: "Jobs found holding GPUs under the idle threshold for the idle window, by queue.",
+	}, []string{"queue"})
+	m.exports = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spillway_billing_export_runs_total", Help: "Scheduled billing export runs, by export and outcome (ok, failed, waiting).",
+	}, []string{"export", "state"})
+	reg.MustRegister(m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{s: s})
+	return m
+}
+
+// observeTransition counts the states a change entered.
+func (m *metrics) observeTransition(old, j *broker.Job) {
+	from := 0
+	if old != nil {
+		from = len(old.History)
+	}
+	for _, t := range j.History[min(from, len(j.History)):] {
+		m.transitions.WithLabelValues(string(t.To)).Inc()
+	}
+}
+
+// stateCollector reports gauges read from the broker's memory at scrape
+// time.
+type stateCollector struct{ s *Server }
+
+var (
+	descJobs  = prometheus.NewDesc("spillway_jobs", "Non-terminal jobs by state and queue.", []string{"state", "queue"}, nil)
+	descGPUs  = prometheus.NewDesc("spillway_gpus", "GPUs by node pool and state (free, allocated, unhealthy, unavailable).", []string{"pool", "state"}, nil)
+	descNodes = prometheus.NewDesc("spillway_nodes", "Nodes by state.", []string{"state"}, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descJobs
+	ch <- descGPUs
+	ch <- descNodes
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type key struct{ a, b string }
+	jobs := map[key]int{}
+	for _, j := range s.jobs {
+		jobs[key{string(j.State), j.Spec.Queue}]++
+	}
+	for k, v := range jobs {
+		ch <- prometheus.MustNewConstMetric(descJobs, prometheus.GaugeValue, float64(v), k.a, k.b)
+	}
+	gpus := map[key]int{}
+	nodes := map[string]int{}
+	for _, v := range s.nodeViewsLocked() {
+		nodes[string(v.State)]++
+		for _, cv := range v.Cards {
+			st := "free"
+			switch {
+			case cv.Unhealthy != "":
+				st = "unhealthy"
+			case len(cv.Jobs) > 0:
+				st = "allocated"
+			case v.State != broker.NodeReady:
+				st = "unavailable"
+			}
+			gpus[key{v.Pool, st}]++
+		}
+	}
+	for k, v := range gpus {
+		ch <- prometheus.MustNewConstMetric(descGPUs, prometheus.GaugeValue, float64(v), k.a, k.b)
+	}
+	for k, v := range nodes {
+		ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, float64(v), k)
+	}
+}

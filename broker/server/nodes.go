@@ -1,0 +1,115 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/onprem/gpu"
+)
+
+// CardView is one GPU as the API shows it: what it is, who holds it, how
+// busy it is.
+type CardView struct {
+	Index       int    `json:"index"`
+	UUID        string `json:"uuid"`
+	Model       string `json:"model"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	// Job and Team hold the card ("" when free).
+	Jobs      []string `json:"jobs,omitempty"`
+	Teams     []string `json:"teams,omitempty"`
+	Unhealthy string   `json:"unhealthy,omitempty"`
+	// Telemetry is the card's latest sample, if the agent sent one.
+	Telemetry *gpu.DeviceSample `json:"telemetry,omitempty"`
+	// ProcessJobs maps the PIDs on the card to their jobs, where known.
+	ProcessJobs map[int]string `json:"processJobs,omitempty"`
+}
+
+// NodeView is a node with its cards.
+type NodeView struct {
+	*broker.Node
+	Cards    []CardView `json:"cards"`
+	FreeGPUs int        `json:"freeGpus"`
+	// SampledAt is when the latest telemetry was taken.
+	SampledAt *time.Time `json:"sampledAt,omitempty"`
+}
+
+func (s *Server) nodeViewsLocked() []NodeView {
+	holders := map[string]map[int][]*broker.Job{}
+	for node, ids := range s.byNode {
+		for id := range ids {
+			j := s.jobs[id]
+			p, _, _ := placedOn(j, node)
+			if holders[node] == nil {
+				holders[node] = map[int][]*broker.Job{}
+			}
+			for _, g := range p.GPUs {
+				holders[node][g] = append(holders[node][g], j)
+			}
+		}
+	}
+	out := make([]NodeView, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		v := NodeView{Node: n}
+		sample := s.telemetry[n.Name]
+		if sample != nil {
+			at := sample.At
+			v.SampledAt = &at
+		}
+		for _, d := range n.Inventory.Devices {
+			cv := CardView{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryBytes: d.MemoryBytes, Unhealthy: n.Unhealthy[d.Index]}
+			hs := holders[n.Name][d.Index]
+			slices.SortFunc(hs, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
+			for _, j := range hs {
+				cv.Jobs = append(cv.Jobs, j.ID)
+				cv.Teams = append(cv.Teams, j.Spec.Team)
+			}
+			if sample != nil {
+				for i := range sample.Devices {
+					if sample.Devices[i].Index == d.Index {
+						ds := sample.Devices[i]
+						cv.Telemetry = &ds
+						for _, p := range ds.Processes {
+							if job, ok := s.owners[n.Name][p.PID]; ok {
+								if cv.ProcessJobs == nil {
+									cv.ProcessJobs = map[int]string{}
+								}
+								cv.ProcessJobs[p.PID] = job
+							}
+						}
+					}
+				}
+			}
+			if len(hs) == 0 && cv.Unhealthy == "" && n.State == broker.NodeReady {
+				v.FreeGPUs++
+			}
+			v.Cards = append(v.Cards, cv)
+		}
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b NodeView) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func (s *Server) listNodes(c echo.Context) error {
+	s.mu.Lock()
+	views := s.nodeViewsLocked()
+	s.mu.Unlock()
+	return c.JSON(http.StatusOK, map[string]any{"nodes": views})
+}
+
+func (s *Server) getNode(c echo.Context) error {
+	s.mu.Lock()
+	views := s.nodeViewsLocked()
+	s.mu.Unlock()
+	for _, v := range views {
+		if v.Name == c.Param("name") {
+			return c.JSON(http.StatusOK, v)
+		}
+	}
+	return newError(http.StatusNotFound, "not_found", "node %s not found", clip(c.Param("name")))
+}

@@ -1,0 +1,83 @@
+package server
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/onprem/agentapi"
+)
+
+// routes registers every endpoint. docs/openapi.yaml documents exactly
+// these; a test compares the two.
+func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = errorHandler(s.log)
+	e.Use(middleware.Recover())
+	e.Use(s.observe)
+
+	e.GET("/healthz", s.healthz)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+
+	v1 := e.Group("/v1", s.authenticate)
+	v1.GET("/whoami", s.whoami)
+
+	people := allow(config.RoleUser, config.RoleOperator)
+	v1.POST("/jobs", s.submit, people)
+	v1.GET("/jobs", s.listJobs, people)
+	v1.GET("/jobs/:id", s.getJob, people)
+	v1.POST("/jobs/:id/cancel", s.cancel, people)
+	v1.GET("/jobs/:id/logs", s.logs, people)
+
+	v1.GET("/nodes", s.listNodes, people)
+	v1.GET("/nodes/:name", s.getNode, people)
+	v1.GET("/telemetry", s.getTelemetry, people)
+
+	billingRoles := allow(config.RoleUser, config.RoleOperator, config.RoleFinance)
+	v1.GET("/billing/usage", s.usage, billingRoles)
+	v1.GET("/billing/export", s.export, billingRoles)
+
+	agents := allow(config.RoleAgent)
+	v1.POST(agentapi.PathRegister[len("/v1"):], s.register, agents)
+	v1.POST(agentapi.PathSync[len("/v1"):], s.sync, agents)
+
+	e.RouteNotFound("/*", func(c echo.Context) error { return errNotFound })
+	return e
+}
+
+// observe records request counts and latencies by route template.
+func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			c.Error(err)
+		}
+		route := c.Path()
+		if route == "" {
+			route = "unmatched"
+		}
+		s.metrics.requests.WithLabelValues(c.Request().Method, route, strconv.Itoa(c.Response().Status)).Inc()
+		s.metrics.latency.WithLabelValues(c.Request().Method, route).Observe(time.Since(start).Seconds())
+		return nil
+	}
+}
+
+// Health is the body of /healthz.
+type Health struct {
+	Status  string `json:"status"` // ok | unhealthy
+	Version string `json:"version"`
+	Leader  bool   `json:"leader"`
+	Error   string `json:"error,omitempty"`
+}
+
+func (s *Server) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, Health{Status: "ok", Version: Version, Leader: true})
+}

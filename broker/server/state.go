@@ -1,0 +1,387 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/onprem/agentapi"
+)
+
+// cloneJob copies a job so that a change can be built, written and only
+// then swapped into memory. Slices that a transition appends to are copied;
+// Placements' inner slices are never mutated in place.
+func cloneJob(j *broker.Job) *broker.Job {
+	c := *j
+	c.History = slices.Clone(j.History)
+	c.Placements = slices.Clone(j.Placements)
+	if j.Stop != nil {
+		st := *j.Stop
+		c.Stop = &st
+	}
+	if j.Pending != nil {
+		p := *j.Pending
+		c.Pending = &p
+	}
+	return &c
+}
+
+func cloneNode(n *broker.Node) *broker.Node {
+	c := *n
+	if n.Unhealthy != nil {
+		c.Unhealthy = make(map[int]string, len(n.Unhealthy))
+		for k, v := range n.Unhealthy {
+			c.Unhealthy[k] = v
+		}
+	}
+	return &c
+}
+
+// commitLocked writes jobs, nodes and whatever extra does in one
+// transaction, then applies the jobs and nodes to memory. The caller holds
+// s.mu. Nothing reaches memory unless the store accepted it.
+func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*broker.Node, extra func(broker.Tx) error) error {
+	if len(jobs) == 0 && len(nodes) == 0 && extra == nil {
+		return nil
+	}
+	now := s.clock.Now()
+	err := s.store.Update(ctx, func(tx broker.Tx) error {
+		for _, j := range jobs {
+			if err := broker.PutJob(tx, j); err != nil {
+				return err
+			}
+			if err := s.allocChangesLocked(tx, s.jobs[j.ID], j, now); err != nil {
+				return err
+			}
+		}
+		for _, n := range nodes {
+			if err := broker.PutNode(tx, n); err != nil {
+				return err
+			}
+		}
+		if extra != nil {
+			return extra(tx)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	for _, j := range jobs {
+		old := s.jobs[j.ID]
+		if old != nil {
+			for _, p := range old.Placements {
+				delete(s.byNode[p.Node], j.ID)
+			}
+		}
+		if j.State.Holding() {
+			for _, p := range j.Placements {
+				if s.byNode[p.Node] == nil {
+					s.byNode[p.Node] = map[string]bool{}
+				}
+				s.byNode[p.Node][j.ID] = true
+			}
+		}
+		if j.State.Terminal() {
+			delete(s.jobs, j.ID)
+			delete(s.reasons, j.ID)
+		} else {
+			s.jobs[j.ID] = j
+		}
+		if j.State != broker.StatePending {
+			delete(s.reasons, j.ID)
+		}
+		s.metrics.observeTransition(old, j)
+	}
+	for _, n := range nodes {
+		s.nodes[n.Name] = n
+	}
+	return nil
+}
+
+// placedOn reports whether the job runs (part of) its current attempt on
+// node.
+func placedOn(j *broker.Job, node string) (broker.Placement, int, bool) {
+	for i, p := range j.Placements {
+		if p.Node == node {
+			return p, i, true
+		}
+	}
+	return broker.Placement{}, -1, false
+}
+
+// holdingOnLocked returns the jobs holding GPUs on node, by id.
+func (s *Server) holdingOnLocked(node string) []*broker.Job {
+	var out []*broker.Job
+	for id := range s.byNode[node] {
+		out = append(out, s.jobs[id])
+	}
+	slices.SortFunc(out, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Cycle runs one scheduling cycle: node liveness, then the scheduler core,
+// then the plan applied in one transaction.
+func (s *Server) Cycle(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	if err := s.checkNodesLocked(ctx, now); err != nil {
+		return err
+	}
+	if err := s.checkIdleLocked(ctx, now); err != nil {
+		return err
+	}
+	if err := s.flushTelemetryLocked(ctx, now); err != nil {
+		s.log.Error("telemetry flush failed", "err", err)
+	}
+	if now.Sub(s.meter.last) >= s.meterEvery() {
+		s.meter.last = now
+		if err := s.meterLocked(ctx, now); err != nil {
+			s.log.Error("metering failed", "err", err)
+		}
+	}
+	snap := s.snapshotLocked(now)
+	t0 := time.Now()
+	plan := sched.Schedule(snap)
+	s.metrics.cycleSeconds.Observe(time.Since(t0).Seconds())
+	return s.applyLocked(ctx, now, plan)
+}
+
+func (s *Server) snapshotLocked(now time.Time) *sched.Snapshot {
+	snap := &sched.Snapshot{Now: now, Policy: sched.Policy{Priorities: map[string]int{}}}
+	for _, p := range s.cfg.Priorities {
+		snap.Policy.Priorities[p.Name] = p.Value
+	}
+	for _, n := range s.nodes {
+		snap.Nodes = append(snap.Nodes, n)
+	}
+	slices.SortFunc(snap.Nodes, func(a, b *broker.Node) int { return strings.Compare(a.Name, b.Name) })
+	for _, j := range s.jobs {
+		snap.Jobs = append(snap.Jobs, j)
+	}
+	slices.SortFunc(snap.Jobs, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
+	return snap
+}
+
+// applyLocked carries out a plan: starts become assignments for agents,
+// stops become stop requests, pending reasons are kept.
+func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan) error {
+	var changed []*broker.Job
+	wake := map[string]bool{}
+	for _, st := range plan.Starts {
+		old, ok := s.jobs[st.Job]
+		if !ok || old.State != broker.StatePending {
+			continue // the plan is stale for this job; the next cycle decides again
+		}
+		j := cloneJob(old)
+		j.Attempt++
+		j.Placements = st.Placements
+		j.Pending, j.Stop, j.ExitCode, j.Signal, j.NotBefore = nil, nil, nil, "", nil
+		j.Transit(now, broker.StateStarting, "scheduled", describePlacements(st.Placements))
+		changed = append(changed, j)
+		for _, p := range st.Placements {
+			wake[p.Node] = true
+		}
+	}
+	for _, st := range plan.Stops {
+		old, ok := s.jobs[st.Job]
+		if !ok || old.Stop != nil || !old.State.Holding() {
+			continue
+		}
+		j := cloneJob(old)
+		j.Stop = &broker.StopRequest{Reason: st.Reason, Detail: st.Detail, Signal: j.Spec.Checkpoint.Signal,
+			Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: "scheduler"}
+		changed = append(changed, j)
+		for _, n := range j.Nodes() {
+			wake[n] = true
+		}
+	}
+	for id, r := range plan.Pending {
+		s.reasons[id] = r
+		old, ok := s.jobs[id]
+		if !ok || old.State != broker.StatePending {
+			continue
+		}
+		// Persist the reason when its kind changes; the full sentence with
+		// the queue position is served from memory.
+		if old.Pending == nil || old.Pending.Code != r.Code {
+			j := cloneJob(old)
+			rc := r
+			j.Pending = &rc
+			changed = append(changed, j)
+		}
+	}
+	if err := s.commitLocked(ctx, changed, nil, nil); err != nil {
+		return err
+	}
+	for n := range wake {
+		s.wakeNodeLocked(n)
+	}
+	return nil
+}
+
+func describePlacements(ps []broker.Placement) string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		idx := make([]string, len(p.GPUs))
+		for k, g := range p.GPUs {
+			idx[k] = fmt.Sprint(g)
+		}
+		parts[i] = fmt.Sprintf("%s GPUs %s", p.Node, strings.Join(idx, ","))
+	}
+	return "on " + strings.Join(parts, "; ")
+}
+
+// checkNodesLocked declares nodes lost when they have been silent past the
+// TTL and returns their jobs to the queue.
+func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
+	ttl := s.cfg.Agents.LostTimeout()
+	var nodes []*broker.Node
+	var jobs []*broker.Job
+	for _, n := range s.nodes {
+		if n.State == broker.NodeLost {
+			continue
+		}
+		seen := n.LastSeen
+		if seen.Before(s.started) {
+			seen = s.started // grace after a broker restart
+		}
+		if now.Sub(seen) <= ttl {
+			continue
+		}
+		nn := cloneNode(n)
+		nn.State = broker.NodeLost
+		nodes = append(nodes, nn)
+		s.log.Warn("node lost", "node", n.Name, "last_seen", n.LastSeen, "ttl", ttl)
+		for _, j := range s.holdingOnLocked(n.Name) {
+			jj := cloneJob(j)
+			// The job is lost as of the node's last heartbeat: that is
+			// also where its GPU-time stops being metered.
+			lostAt := n.LastSeen
+			if last := jj.History[len(jj.History)-1].At; lostAt.Before(last) {
+				lostAt = last
+			}
+			s.loseJob(jj, lostAt, now, "node_lost", fmt.Sprintf("node %s missed its heartbeats (last seen %s)", n.Name, n.LastSeen.UTC().Format(time.RFC3339)))
+			jobs = append(jobs, jj)
+		}
+	}
+	if len(nodes) == 0 {
+		return nil
+	}
+	if err := s.commitLocked(ctx, jobs, nodes, nil); err != nil {
+		return err
+	}
+	for _, j := range jobs {
+		for _, p := range j.Placements {
+			s.wakeNodeLocked(p.Node)
+		}
+	}
+	return nil
+}
+
+// loseJob records that a job's attempt vanished with its node (or agent)
+// at lostAt, noticed now: back to the queue, unless the job must never be
+// restarted.
+func (s *Server) loseJob(j *broker.Job, lostAt, now time.Time, reason, detail string) {
+	j.Transit(lostAt, broker.StateLost, reason, detail)
+	if j.Spec.RestartPolicy == broker.RestartNever && !j.Spec.Preemptible {
+		j.Transit(now, broker.StateFailed, reason, "restartPolicy Never: not requeued")
+		return
+	}
+	j.Placements = nil
+	j.Stop = nil
+	j.Transit(now, broker.StatePending, "requeued", "back in the queue after "+reason)
+}
+
+// endAttempt records the end of a job's current attempt from the agent's
+// report and decides what comes next: a terminal state, the queue again
+// after a preemption, or a retry with backoff.
+func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) {
+	ended := r.EndedAt
+	if ended.IsZero() {
+		ended = now
+	}
+	if j.State == broker.StateStarting && r.State != agentapi.RunFailedToStart {
+		started := r.StartedAt
+		if started.IsZero() {
+			started = ended
+		}
+		j.StartedAt = &started
+		j.Transit(started, broker.StateRunning, "started", "")
+	}
+	code := r.ExitCode
+	j.ExitCode = &code
+	j.Signal = r.Signal
+	exit := describeExit(r)
+	stop := j.Stop
+	switch {
+	case stop != nil && stop.Reason == "cancelled":
+		j.Transit(ended, broker.StateCancelled, "cancelled", joinDetail(stop.Detail, exit))
+	case stop != nil && stop.Reason == "preempted":
+		j.Transit(ended, broker.StatePreempted, "preempted", joinDetail(stop.Detail, exit))
+		t := ended
+		j.LastCheckpointAt = &t
+		j.Placements, j.Stop = nil, nil
+		j.Transit(ended, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
+	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
+		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
+	case stop != nil:
+		j.Transit(ended, broker.StateFailed, stop.Reason, joinDetail(stop.Detail, exit))
+	case r.State == agentapi.RunExited && code == 0 && r.Signal == "":
+		j.Transit(ended, broker.StateSucceeded, "exited", exit)
+	case j.Spec.RestartPolicy == broker.RestartOnFailure && j.Retries < j.Spec.MaxRetries:
+		j.Retries++
+		backoff := retryBackoff(j.Retries)
+		nb := ended.Add(backoff)
+		j.NotBefore = &nb
+		j.Placements = nil
+		j.Transit(ended, broker.StatePending, "retry",
+			fmt.Sprintf("%s; retry %d/%d after %s", exit, j.Retries, j.Spec.MaxRetries, broker.FormatDuration(backoff)))
+	default:
+		reason := "exited"
+		if r.State == agentapi.RunFailedToStart {
+			reason = "failed_to_start"
+		}
+		j.Transit(ended, broker.StateFailed, reason, exit)
+	}
+}
+
+// retryBackoff is 10s, 20s, 40s … capped at 10 minutes.
+func retryBackoff(n int) time.Duration {
+	d := 10 * time.Second
+	for i := 1; i < n && d < 10*time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, 10*time.Minute)
+}
+
+func describeExit(r agentapi.JobReport) string {
+	var s string
+	switch {
+	case r.State == agentapi.RunFailedToStart:
+		s = "could not start"
+	case r.Signal != "":
+		s = "killed by " + r.Signal
+	default:
+		s = fmt.Sprintf("exit code %d", r.ExitCode)
+	}
+	if r.Message != "" {
+		s += ": " + r.Message
+	}
+	return s
+}
+
+func joinDetail(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
+}

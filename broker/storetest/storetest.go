@@ -1,0 +1,479 @@
+// Package storetest is the conformance suite every broker.Store passes:
+// the same tests run against bbolt and against a real Redis, so the broker
+// cannot tell them apart.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// Harness opens stores for the suite.
+type Harness struct {
+	// Open returns an empty store and a function that closes it and opens
+	// the same data again (a broker restart).
+	Open func(t *testing.T) (s broker.Store, reopen func() broker.Store)
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, h Harness) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, Harness)
+	}{
+		{"get put delete", testGetPutDelete},
+		{"scan is ordered and bounded", testScan},
+		{"failed update writes nothing", testRollback},
+		{"view sees only committed data", testIsolation},
+		{"concurrent updates are serializable", testSerializable},
+		{"batch commits every caller", testBatch},
+		{"writes survive a restart", testDurable},
+		{"buckets are separate", testBuckets},
+		{"jobs keep their active index", testJobs},
+		{"job listing filters and pages", testListJobs},
+		{"logs append once", testLogs},
+		{"nodes round trip", testNodes},
+		{"budget reservations never overspend", testBudgetRace},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
+	}
+}
+
+var ctx = context.Background()
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func get(t *testing.T, s broker.Store, b broker.Bucket, k string) (string, error) {
+	t.Helper()
+	var out string
+	err := s.View(ctx, func(tx broker.Tx) error {
+		v, err := tx.Get(b, k)
+		out = string(v)
+		return err
+	})
+	return out, err
+}
+
+func put(t *testing.T, s broker.Store, b broker.Bucket, kv ...string) {
+	t.Helper()
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := 0; i < len(kv); i += 2 {
+			if err := tx.Put(b, kv[i], []byte(kv[i+1])); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+func keys(t *testing.T, s broker.Store, b broker.Bucket, from, to string, reverse bool, stopAfter int) []string {
+	t.Helper()
+	var out []string
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		fn := func(k string, _ []byte) error {
+			out = append(out, k)
+			if stopAfter > 0 && len(out) == stopAfter {
+				return broker.ErrStopScan
+			}
+			return nil
+		}
+		if reverse {
+			return tx.ScanReverse(b, from, to, fn)
+		}
+		return tx.Scan(b, from, to, fn)
+	}))
+	return out
+}
+
+func testGetPutDelete(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	if _, err := get(t, s, broker.BucketMeta, "missing"); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("Get missing = %v, want ErrNotFound", err)
+	}
+	put(t, s, broker.BucketMeta, "a", "1")
+	if v, err := get(t, s, broker.BucketMeta, "a"); err != nil || v != "1" {
+		t.Fatalf("Get a = %q, %v", v, err)
+	}
+	put(t, s, broker.BucketMeta, "a", "2")
+	if v, _ := get(t, s, broker.BucketMeta, "a"); v != "2" {
+		t.Fatalf("overwrite: got %q", v)
+	}
+	put(t, s, broker.BucketMeta, "empty", "")
+	if v, err := get(t, s, broker.BucketMeta, "empty"); err != nil || v != "" {
+		t.Fatalf("empty value: %q, %v", v, err)
+	}
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return tx.Delete(broker.BucketMeta, "a") }))
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return tx.Delete(broker.BucketMeta, "never-there") }))
+	if _, err := get(t, s, broker.BucketMeta, "a"); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+}
+
+func testScan(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	if got := keys(t, s, broker.BucketMeta, "", "", false, 0); len(got) != 0 {
+		t.Fatalf("empty bucket scan = %v", got)
+	}
+	put(t, s, broker.BucketMeta, "b", "", "a/2", "", "a/1", "", "c", "", "a/10", "", "\xffz", "")
+	all := []string{"a/1", "a/10", "a/2", "b", "c", "\xffz"}
+	if d := cmp.Diff(all, keys(t, s, broker.BucketMeta, "", "", false, 0)); d != "" {
+		t.Errorf("full scan (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"a/1", "a/10", "a/2"}, keys(t, s, broker.BucketMeta, "a/", broker.PrefixEnd("a/"), false, 0)); d != "" {
+		t.Errorf("prefix scan (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"b", "c"}, keys(t, s, broker.BucketMeta, "ab", "d", false, 0)); d != "" {
+		t.Errorf("bounded scan (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"\xffz", "c", "b", "a/2", "a/10", "a/1"}, keys(t, s, broker.BucketMeta, "", "", true, 0)); d != "" {
+		t.Errorf("reverse scan (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"b", "a/2"}, keys(t, s, broker.BucketMeta, "a/2", "c", true, 0)); d != "" {
+		t.Errorf("bounded reverse scan (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"c", "b"}, keys(t, s, broker.BucketMeta, "", "ca", true, 2)); d != "" {
+		t.Errorf("reverse scan stopped after 2 (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"a/1"}, keys(t, s, broker.BucketMeta, "", "", false, 1)); d != "" {
+		t.Errorf("scan stopped after 1 (-want +got):\n%s", d)
+	}
+	boom := errors.New("boom")
+	err := s.View(ctx, func(tx broker.Tx) error {
+		return tx.Scan(broker.BucketMeta, "", "", func(string, []byte) error { return boom })
+	})
+	if !errors.Is(err, boom) {
+		t.Errorf("callback error not returned: %v", err)
+	}
+}
+
+func testRollback(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	put(t, s, broker.BucketMeta, "keep", "old")
+	boom := errors.New("boom")
+	err := s.Update(ctx, func(tx broker.Tx) error {
+		if err := tx.Put(broker.BucketMeta, "keep", []byte("new")); err != nil {
+			return err
+		}
+		if err := tx.Put(broker.BucketMeta, "added", []byte("x")); err != nil {
+			return err
+		}
+		// The transaction sees its own writes.
+		if v, err := tx.Get(broker.BucketMeta, "keep"); err != nil || string(v) != "new" {
+			t.Errorf("own write not visible: %q %v", v, err)
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Update returned %v, want boom", err)
+	}
+	if v, _ := get(t, s, broker.BucketMeta, "keep"); v != "old" {
+		t.Errorf("keep = %q after rollback", v)
+	}
+	if _, err := get(t, s, broker.BucketMeta, "added"); !errors.Is(err, broker.ErrNotFound) {
+		t.Errorf("added exists after rollback: %v", err)
+	}
+}
+
+func testIsolation(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	put(t, s, broker.BucketMeta, "k", "committed")
+	inside := make(chan struct{})
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Update(ctx, func(tx broker.Tx) error {
+			if err := tx.Put(broker.BucketMeta, "k", []byte("uncommitted")); err != nil {
+				return err
+			}
+			select {
+			case <-inside:
+			default:
+				close(inside)
+			}
+			<-release
+			return errors.New("abort")
+		})
+	}()
+	<-inside
+	// Redis stores buffer writes until EXEC, bbolt keeps them in the writer's
+	// pages: either way a reader must not see them.
+	if v, _ := get(t, s, broker.BucketMeta, "k"); v != "committed" {
+		t.Errorf("reader saw %q", v)
+	}
+	close(release)
+	<-done
+}
+
+func testSerializable(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	const workers, each = 8, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				err := s.Update(ctx, func(tx broker.Tx) error {
+					n := 0
+					v, err := tx.Get(broker.BucketMeta, "counter")
+					switch {
+					case errors.Is(err, broker.ErrNotFound):
+					case err != nil:
+						return err
+					default:
+						n, _ = strconv.Atoi(string(v))
+					}
+					return tx.Put(broker.BucketMeta, "counter", []byte(strconv.Itoa(n+1)))
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if v, _ := get(t, s, broker.BucketMeta, "counter"); v != strconv.Itoa(workers*each) {
+		t.Fatalf("counter = %s, want %d (lost updates)", v, workers*each)
+	}
+}
+
+func testBatch(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	const n = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			errs <- s.Batch(ctx, func(tx broker.Tx) error {
+				return tx.Put(broker.BucketJobs, fmt.Sprintf("job-%04d", i), []byte("x"))
+			})
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(keys(t, s, broker.BucketJobs, "", "", false, 0)); got != n {
+		t.Fatalf("%d keys after %d batches", got, n)
+	}
+	// A failing batch member writes nothing of its own.
+	boom := errors.New("boom")
+	err := s.Batch(ctx, func(tx broker.Tx) error {
+		if err := tx.Put(broker.BucketJobs, "zz-failed", []byte("x")); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Batch returned %v", err)
+	}
+	if _, err := get(t, s, broker.BucketJobs, "zz-failed"); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("failed batch member was written: %v", err)
+	}
+}
+
+func testDurable(t *testing.T, h Harness) {
+	s, reopen := h.Open(t)
+	put(t, s, broker.BucketMeta, "a", "1")
+	must(t, s.Batch(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, "b", []byte("2")) }))
+	s = reopen()
+	for k, want := range map[string]string{"a": "1", "b": "2"} {
+		if v, err := get(t, s, broker.BucketMeta, k); err != nil || v != want {
+			t.Errorf("after reopen %s = %q, %v", k, v, err)
+		}
+	}
+}
+
+func testBuckets(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	put(t, s, broker.BucketMeta, "k", "meta")
+	put(t, s, broker.BucketNodes, "k", "nodes")
+	if v, _ := get(t, s, broker.BucketMeta, "k"); v != "meta" {
+		t.Errorf("meta k = %q", v)
+	}
+	if got := keys(t, s, broker.BucketJobs, "", "", false, 0); len(got) != 0 {
+		t.Errorf("jobs bucket has %v", got)
+	}
+}
+
+func job(id, team, queue string, st broker.State) *broker.Job {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	return &broker.Job{ID: id, State: st, SubmittedAt: now,
+		Spec: broker.Spec{Name: "n", Team: team, Queue: queue, Command: []string{"true"},
+			Resources: broker.Resources{GPUs: 1, Nodes: 1}}}
+}
+
+func testJobs(t *testing.T, h Harness) {
+	s, reopen := h.Open(t)
+	j := job("01A", "nlp", "default", broker.StatePending)
+	j.Transit(j.SubmittedAt, broker.StatePending, "submitted", "by alice")
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, j) }))
+	s = reopen()
+	var got *broker.Job
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		var err error
+		got, err = broker.GetJob(tx, "01A")
+		return err
+	}))
+	if d := cmp.Diff(j, got); d != "" {
+		t.Fatalf("job round trip (-want +got):\n%s", d)
+	}
+	active := func() []string {
+		var ids []string
+		must(t, s.View(ctx, func(tx broker.Tx) error {
+			js, err := broker.ActiveJobs(tx)
+			for _, j := range js {
+				ids = append(ids, j.ID)
+			}
+			return err
+		}))
+		return ids
+	}
+	if d := cmp.Diff([]string{"01A"}, active()); d != "" {
+		t.Fatalf("active (-want +got):\n%s", d)
+	}
+	got.Transit(got.SubmittedAt.Add(time.Minute), broker.StateSucceeded, "exited", "exit code 0")
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, got) }))
+	if a := active(); len(a) != 0 {
+		t.Fatalf("terminal job still active: %v", a)
+	}
+}
+
+func testListJobs(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := 0; i < 25; i++ {
+			team := []string{"nlp", "vision"}[i%2]
+			st := broker.StatePending
+			if i%5 == 0 {
+				st = broker.StateSucceeded
+			}
+			if err := broker.PutJob(tx, job(fmt.Sprintf("J%02d", i), team, "default", st)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	list := func(f broker.JobFilter) ([]string, string) {
+		var ids []string
+		var next string
+		must(t, s.View(ctx, func(tx broker.Tx) error {
+			js, n, err := broker.ListJobs(tx, f)
+			for _, j := range js {
+				ids = append(ids, j.ID)
+			}
+			next = n
+			return err
+		}))
+		return ids, next
+	}
+	ids, next := list(broker.JobFilter{Team: "nlp", Limit: 5})
+	if d := cmp.Diff([]string{"J24", "J22", "J20", "J18", "J16"}, ids); d != "" {
+		t.Errorf("page 1 (-want +got):\n%s", d)
+	}
+	ids, _ = list(broker.JobFilter{Team: "nlp", Limit: 5, Cursor: next})
+	if d := cmp.Diff([]string{"J14", "J12", "J10", "J08", "J06"}, ids); d != "" {
+		t.Errorf("page 2 (-want +got):\n%s", d)
+	}
+	ids, _ = list(broker.JobFilter{States: []broker.State{broker.StateSucceeded}})
+	if d := cmp.Diff([]string{"J20", "J15", "J10", "J05", "J00"}, ids); d != "" {
+		t.Errorf("succeeded (-want +got):\n%s", d)
+	}
+	ids, next = list(broker.JobFilter{States: []broker.State{broker.StatePending}, Team: "vision", Limit: 3})
+	if d := cmp.Diff([]string{"J23", "J21", "J19"}, ids); d != "" || next != "J19" {
+		t.Errorf("pending vision (-want +got):\n%s next=%q", d, next)
+	}
+	ids, next = list(broker.JobFilter{Queue: "inference"})
+	if len(ids) != 0 || next != "" {
+		t.Errorf("other queue: %v %q", ids, next)
+	}
+}
+
+func testLogs(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	appendLog := func(off int64, data string, limit int64) (broker.LogMeta, error) {
+		var m broker.LogMeta
+		err := s.Update(ctx, func(tx broker.Tx) error {
+			var err error
+			m, err = broker.AppendLog(tx, "J1", 1, off, []byte(data), limit)
+			return err
+		})
+		return m, err
+	}
+	read := func(from int64, max int) string {
+		var out []byte
+		must(t, s.View(ctx, func(tx broker.Tx) error {
+			var err error
+			out, err = broker.ReadLog(tx, "J1", 1, from, max)
+			return err
+		}))
+		return string(out)
+	}
+	if _, err := appendLog(0, "hello ", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appendLog(0, "hello ", 1<<20); err != nil { // resent chunk
+		t.Fatal(err)
+	}
+	if m, err := appendLog(3, "lo world\n", 1<<20); err != nil || m.Size != 12 { // overlapping chunk
+		t.Fatalf("overlap: %+v %v", m, err)
+	}
+	if _, err := appendLog(40, "gap", 1<<20); !errors.Is(err, broker.ErrConflict) {
+		t.Fatalf("gap accepted: %v", err)
+	}
+	if got := read(0, 100); got != "hello world\n" {
+		t.Fatalf("log = %q", got)
+	}
+	if got := read(4, 5); got != "o wor" {
+		t.Fatalf("ranged read = %q", got)
+	}
+	m, err := appendLog(12, "0123456789", 20)
+	if err != nil || m.Size != 20 || m.Dropped != 2 {
+		t.Fatalf("capped append: %+v %v", m, err)
+	}
+	if got := read(12, 100); got != "01234567" {
+		t.Fatalf("tail after cap = %q", got)
+	}
+}
+
+func testNodes(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	n := &broker.Node{Name: "gpu-a", Pool: "onprem", State: broker.NodeReady, Generation: 3,
+		Unhealthy: map[int]string{2: "xid 79"}}
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return broker.PutNode(tx, n) }))
+	var got []*broker.Node
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		var err error
+		got, err = broker.ListNodes(tx)
+		return err
+	}))
+	if d := cmp.Diff([]*broker.Node{n}, got); d != "" {
+		t.Fatalf("nodes (-want +got):\n%s", d)
+	}
+}

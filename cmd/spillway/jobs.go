@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/client"
+)
+
+func jobsCmd(g *globals) *cobra.Command {
+	var o client.ListOptions
+	var states string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "jobs",
+		Short: "List jobs, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.checkOutput(); err != nil {
+				return err
+			}
+			for _, s := range strings.Split(states, ",") {
+				if s = strings.TrimSpace(s); s != "" {
+					o.States = append(o.States, broker.State(s))
+				}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var jobs []*broker.Job
+			for {
+				page, err := c.Jobs(cmd.Context(), o)
+				if err != nil {
+					return err
+				}
+				jobs = append(jobs, page.Jobs...)
+				if !all || page.Next == "" {
+					if !all && page.Next != "" && !g.json() {
+						defer fmt.Fprintf(g.stderr, "(more: --cursor %s, or --all)\n", page.Next)
+					}
+					break
+				}
+				o.Cursor = page.Next
+			}
+			if g.json() {
+				return g.printJSON(jobs)
+			}
+			now := time.Now()
+			w := g.table()
+			fmt.Fprintln(w, "ID\tNAME\tTEAM\tQUEUE\tPRIO\tGPUS\tSTATE\tAGE\tWHERE / WHY")
+			for _, j := range jobs {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", j.ID, j.Spec.Name, j.Spec.Team, j.Spec.Queue,
+					j.Spec.Priority, j.TotalGPUs(), j.State, ago(now, j.SubmittedAt), whereOrWhy(j))
+			}
+			return w.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&states, "state", "", "only these states, comma-separated (e.g. pending,running)")
+	f.StringVar(&o.Team, "team", "", "only this team (operators)")
+	f.StringVar(&o.Queue, "queue", "", "only this queue")
+	f.IntVar(&o.Limit, "limit", 50, "page size")
+	f.StringVar(&o.Cursor, "cursor", "", "continue after this job id")
+	f.BoolVar(&all, "all", false, "fetch every page")
+	return cmd
+}
+
+// whereOrWhy is where a job runs, or why it does not.
+func whereOrWhy(j *broker.Job) string {
+	switch {
+	case j.State == broker.StatePending && j.Pending != nil:
+		return j.Pending.Message
+	case j.State.Holding() || j.State.Terminal():
+		if len(j.Placements) > 0 {
+			return strings.Join(j.Nodes(), ",")
+		}
+	}
+	if len(j.History) > 0 {
+		return j.History[len(j.History)-1].Detail
+	}
+	return ""
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/client"
+)
+
+// exitError carries a specific exit status out of a command.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// globals are the flags every client verb shares.
+type globals struct {
+	server string
+	token  string
+	output string
+	stdout io.Writer
+	stderr io.Writer
+}
+
+func execute(args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:           "spillway",
+		Short:         "Spillway schedules your own GPUs first and bursts to the cloud at peaks",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.server, "server", "", "broker URL (env SPILLWAY_SERVER, or server: in ~/.config/spillway/config)")
+	pf.StringVar(&g.token, "token", "", "API token (env SPILLWAY_TOKEN, or token: in ~/.config/spillway/config)")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+
+	root.AddCommand(
+		serverCmd(g), agentCmd(g), devCmd(g),
+		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), topCmd(g), billCmd(g),
+		versionCmd(g),
+	)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "error:", err)
+	return 1
+}
+
+// cliConfig is the CLI's config file, ~/.config/spillway/config.
+type cliConfig struct {
+	Server string `json:"server"`
+	Token  string `json:"token"`
+}
+
+func cliConfigPath() string {
+	if p := os.Getenv("SPILLWAY_CONFIG"); p != "" {
+		return p
+	}
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "spillway", "config")
+}
+
+func loadCLIConfig() cliConfig {
+	var c cliConfig
+	p := cliConfigPath()
+	if p == "" {
+		return c
+	}
+	raw, err := os.ReadFile(p)
+	if err != nil {
+		return c
+	}
+	_ = broker.DecodeStrict(raw, &c)
+	return c
+}
+
+// client builds an API client: flags, then environment, then the config
+// file.
+func (g *globals) client() (*client.Client, error) {
+	file := loadCLIConfig()
+	server := firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), file.Server, "http://127.0.0.1:8080")
+	token := firstNonEmpty(g.token, os.Getenv("SPILLWAY_TOKEN"), file.Token)
+	if token == "" {
+		return nil, fmt.Errorf("no API token: pass --token, set SPILLWAY_TOKEN, or put token: in %s (`make run` prints one)", cliConfigPath())
+	}
+	return client.New(server, token), nil
+}
+
+func firstNonEmpty(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func (g *globals) json() bool { return g.output == "json" }
+
+func (g *globals) checkOutput() error {
+	if g.output != "table" && g.output != "json" {
+		return fmt.Errorf("--output must be table or json, not %q", g.output)
+	}
+	return nil
+}
+
+func (g *globals) printJSON(v any) error {
+	enc := json.NewEncoder(g.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (g *globals) table() *tabwriter.Writer {
+	return tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
+}
+
+// ago prints how long ago t was, briefly.
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%dm ago", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return t.Local().Format("2006-01-02 15:04")
+}
+
+func shortGPU(model string) string {
+	model = strings.TrimPrefix(model, "NVIDIA ")
+	return model
+}

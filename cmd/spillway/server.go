@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/bolt"
+	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/server"
+)
+
+func serverCmd(g *globals) *cobra.Command {
+	var cfgPath, listen string
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the broker",
+		Long: `Run the broker: the /v1 API, the scheduler and the agents' endpoint.
+
+The configuration file is documented in docs/config.md; deploy/spillway.example.yaml
+is an annotated example.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfgPath == "" {
+				return fmt.Errorf("--config is required (see deploy/spillway.example.yaml)")
+			}
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if listen != "" {
+				cfg.Listen = listen
+			}
+			log := newLogger(g.stderr, cfg.Log)
+			return runBroker(cmd.Context(), cfg, log, nil)
+		},
+	}
+	cmd.Flags().StringVarP(&cfgPath, "config", "c", "", "broker config file (YAML)")
+	cmd.Flags().StringVar(&listen, "listen", "", "override the config's listen address")
+	return cmd
+}
+
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	level := slog.LevelInfo
+	switch strings.ToLower(c.Level) {
+	case "debug":
+		level = slog.LevelDebug
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// openStore opens the store the config selects.
+func openStore(cfg *config.Config) (broker.Store, error) {
+	if p := cfg.StorePath(); p != "" {
+		return bolt.Open(p)
+	}
+	return nil, fmt.Errorf("store %q: only the embedded bolt store is available in this build", cfg.Store)
+}
+
+// runBroker opens the store, listens and serves until ctx ends. ready, if
+// not nil, receives the bound address once the broker accepts requests.
+func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready chan<- string) error {
+	st, err := openStore(cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	srv, err := server.New(ctx, cfg, st, server.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	if ready != nil {
+		ready <- l.Addr().String()
+	}
+	return srv.Serve(ctx, l)
+}

@@ -1,0 +1,166 @@
+// Package agentapi is the wire protocol between a Spillway agent and the
+// broker: JSON over HTTP under /v1/agent, authenticated with an agent token.
+//
+// The protocol is state-driven so that either side may restart at any
+// moment. The agent reports what it runs and what has ended (until the
+// broker acknowledges it); the broker answers with the complete set of
+// orders for the node — attempts to start and attempts to stop — derived
+// from its store each time. Repeating an order or a report is harmless:
+// every one names the job and its attempt number.
+package agentapi
+
+import (
+	"time"
+
+	"github.com/spillway-dev/spillway/onprem/gpu"
+)
+
+// Paths of the agent endpoints.
+const (
+	PathRegister = "/v1/agent/register"
+	PathSync     = "/v1/agent/sync"
+)
+
+// RegisterRequest is sent once per agent process start.
+type RegisterRequest struct {
+	Node         string            `json:"node"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Inventory    gpu.Inventory     `json:"inventory"`
+	CPU          float64           `json:"cpu"`
+	Memory       int64             `json:"memory"`
+	AgentVersion string            `json:"agentVersion"`
+	// Unhealthy carries cards the agent already knows are bad (index → why).
+	Unhealthy map[int]string `json:"unhealthy,omitempty"`
+}
+
+// RegisterResponse gives the agent its generation and cadence.
+type RegisterResponse struct {
+	Generation        uint64        `json:"generation"`
+	HeartbeatInterval time.Duration `json:"heartbeatInterval"`
+}
+
+// JobRef names one attempt of one job.
+type JobRef struct {
+	Job     string `json:"job"`
+	Attempt int    `json:"attempt"`
+}
+
+// RunState is what the agent knows of an attempt.
+type RunState string
+
+// Run states reported by the agent.
+const (
+	RunRunning RunState = "running"
+	RunExited  RunState = "exited" // the process group is gone; see ExitCode/Signal
+	// RunFailedToStart: the process could not be started (bad path,
+	// permission); ExitCode is 127 by convention.
+	RunFailedToStart RunState = "failed_to_start"
+)
+
+// JobReport is the agent's account of one attempt.
+type JobReport struct {
+	JobRef
+	State     RunState  `json:"state"`
+	StartedAt time.Time `json:"startedAt"`
+	EndedAt   time.Time `json:"endedAt,omitempty"`
+	ExitCode  int       `json:"exitCode"`
+	Signal    string    `json:"signal,omitempty"` // the signal that killed it
+	// Reason explains an end the agent caused itself: timed_out (the
+	// agent's own timeout), stopped (a broker stop order), not_assigned
+	// (the broker gave the job away), leak_cleanup…
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// LogSize is how many bytes of log the agent holds for the attempt.
+	LogSize int64 `json:"logSize"`
+}
+
+// LogChunk is a piece of an attempt's log starting at byte Offset.
+type LogChunk struct {
+	JobRef
+	Offset int64  `json:"offset"`
+	Data   []byte `json:"data"`
+}
+
+// SyncRequest is the heartbeat: the agent's whole state, new log bytes and
+// a telemetry sample.
+type SyncRequest struct {
+	Node       string      `json:"node"`
+	Generation uint64      `json:"generation"`
+	Jobs       []JobReport `json:"jobs"`
+	Logs       []LogChunk  `json:"logs,omitempty"`
+	Telemetry  *gpu.Sample `json:"telemetry,omitempty"`
+	// Owners maps the PIDs in Telemetry to the job each belongs to, as far
+	// as the agent can tell (process group or inherited SPILLWAY_JOB_ID).
+	Owners    map[int]string `json:"owners,omitempty"`
+	Unhealthy map[int]string `json:"unhealthy,omitempty"`
+	Leaks     []Leak         `json:"leaks,omitempty"`
+	// Wait asks the broker to hold the answer up to this long when it has
+	// no new orders (long poll).
+	Wait time.Duration `json:"wait,omitempty"`
+}
+
+// Leak is a process the agent found on a card after the job that owned it
+// ended, and what it did about it.
+type Leak struct {
+	GPU    string `json:"gpu"`
+	PID    int    `json:"pid"`
+	Job    string `json:"job,omitempty"`
+	Killed bool   `json:"killed"`
+	Error  string `json:"error,omitempty"`
+}
+
+// Assignment orders the agent to start one attempt.
+type Assignment struct {
+	JobRef
+	Name    string            `json:"name"`
+	Team    string            `json:"team"`
+	Argv    []string          `json:"argv"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	// GPUs are the card indexes and UUIDs on this node.
+	GPUs  []int    `json:"gpus"`
+	UUIDs []string `json:"uuids"`
+	// MemoryShare is the per-card memory the job may use when it shares
+	// cards (bytes; 0 for whole cards).
+	MemoryShare int64 `json:"memoryShare,omitempty"`
+	// ComputeShare is the percentage of each card's compute for a shared
+	// card, exported as CUDA_MPS_ACTIVE_THREAD_PERCENTAGE where MPS runs.
+	ComputeShare int           `json:"computeShare,omitempty"`
+	Timeout      time.Duration `json:"timeout"`
+	Signal       string        `json:"signal"`
+	Grace        time.Duration `json:"grace"`
+	// Gang describes a multi-node job: this node's rank and all peers.
+	Rank  int      `json:"rank,omitempty"`
+	Peers []string `json:"peers,omitempty"`
+}
+
+// StopOrder orders the agent to stop one attempt: Signal, then Grace, then
+// SIGKILL of the process group.
+type StopOrder struct {
+	JobRef
+	Signal string        `json:"signal"`
+	Grace  time.Duration `json:"grace"`
+	Reason string        `json:"reason"`
+}
+
+// SyncResponse is the broker's full set of orders for the node.
+type SyncResponse struct {
+	Start []Assignment `json:"start,omitempty"`
+	Stop  []StopOrder  `json:"stop,omitempty"`
+	// Ack lists ended attempts the broker has recorded; the agent may
+	// forget them.
+	Ack []JobRef `json:"ack,omitempty"`
+	// LogOffsets tells, per attempt ("job/attempt"), how many log bytes
+	// the broker holds, so the agent sends only the rest.
+	LogOffsets        map[string]int64 `json:"logOffsets,omitempty"`
+	HeartbeatInterval time.Duration    `json:"heartbeatInterval"`
+}
+
+// ErrorBody is the JSON error shape of every API response.
+type ErrorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Field   string `json:"field,omitempty"`
+	} `json:"error"`
+}
