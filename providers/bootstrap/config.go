@@ -25,8 +25,9 @@ type AgentConfig struct {
 	Token string `json:"token"`
 	// Name is the node name the agent registers as.
 	Name string `json:"name"`
-	// GPUs selects the GPU backend: auto | nvml | none | sim:<spec>, e.g.
-	// sim:8xH100-80GB.
+	// GPUs selects the GPU backend: auto | nvml | none | sim:<spec> (e.g.
+	// sim:8xH100-80GB) | mock:<server> (e.g. mock:dgxh100), as the agent's
+	// --gpus flag.
 	GPUs string `json:"gpus"`
 	// DataDir is where the agent keeps its state and job files.
 	DataDir string `json:"dataDir"`
@@ -35,7 +36,7 @@ type AgentConfig struct {
 }
 
 var (
-	gpusPattern = regexp.MustCompile(`^(auto|nvml|none|sim:[0-9]+x[A-Za-z0-9._-]+)$`)
+	gpusPattern = regexp.MustCompile(`^(auto|nvml|none|sim:[0-9]+x[A-Za-z0-9._-]+|mock:[A-Za-z0-9._-]+)$`)
 	namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
 )
 
@@ -52,7 +53,7 @@ func (c AgentConfig) Validate() error {
 		return fmt.Errorf("agent config: name %q: want 1-128 letters, digits, '.', '_', '/' or '-'", c.Name)
 	}
 	if !gpusPattern.MatchString(c.GPUs) {
-		return fmt.Errorf("agent config: gpus %q: want auto, nvml, none or sim:<n>x<model>", c.GPUs)
+		return fmt.Errorf("agent config: gpus %q: want auto, nvml, none, sim:<n>x<model> or mock:<server>", c.GPUs)
 	}
 	if !path.IsAbs(c.DataDir) {
 		return fmt.Errorf("agent config: dataDir %q: want an absolute path", c.DataDir)
