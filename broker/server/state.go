@@ -185,7 +185,8 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 			wake[n] = true
 		}
 	}
-	for id, r := range plan.Pending {
+	for _, pe := range plan.Pending {
+		id, r := pe.Job, pe.Reason
 		s.reasons[id] = r
 		old, ok := s.jobs[id]
 		if !ok || old.State != broker.StatePending {

@@ -1,0 +1,309 @@
+package sched
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// pendEntry is a job left pending; its message is msg[m0:m1].
+type pendEntry struct {
+	job    int32
+	code   string
+	m0, m1 int32
+	pos    int32
+	est    int64 // expected start (unix ns), 0 when unknown
+}
+
+// walk decides for each pending job in order.
+func (c *cycle) walk() {
+	pos := c.scratch.pos[:0]
+	for range c.queues {
+		pos = append(pos, 0)
+	}
+	c.scratch.pos = pos
+	for _, k := range c.keys {
+		pi := k.idx
+		p := &c.pending[pi]
+		e := pendEntry{job: pi, m0: int32(len(c.msg))}
+		estByReservation := false
+		switch over, project := c.quotaOver(p); {
+		case p.j.NotBefore != nil && c.now.Before(*p.j.NotBefore):
+			e.code = ReasonBackoff
+			c.msg = append(c.msg, "retry backoff until "...)
+			c.msg = appendClock(c.msg, p.j.NotBefore.UnixNano(), c.nowNs)
+		case over > 0:
+			if at := c.tryPreempt(pi, c.rightsOf(p, over, project)); at > 0 {
+				e.code, e.est = ReasonPreempting, at
+				c.preemptingText(p)
+			} else {
+				e.code = ReasonQuota
+				c.quotaText(p, project)
+			}
+		case c.tryStart(pi):
+			continue
+		default:
+			if at := c.tryClaim(pi); at > 0 {
+				e.code, e.est = ReasonReleasing, at
+				c.msg = append(c.msg, "waiting for "...)
+				c.msg = c.appendNeed(c.msg, p)
+				c.msg = append(c.msg, " being released by stopping jobs"...)
+				break
+			}
+			miss, sawBackfill := c.miss, c.sawBackfill
+			if at := c.tryPreempt(pi, c.rightsOf(p, 0, false)); at > 0 {
+				e.code, e.est = ReasonPreempting, at
+				c.preemptingText(p)
+				break
+			}
+			e.code, e.est, estByReservation = c.blocked(pi, miss, sawBackfill)
+		}
+		pos[p.queue]++
+		e.pos = pos[p.queue]
+		c.msg = append(c.msg, "; "...)
+		c.msg = appendOrdinal(c.msg, int(e.pos))
+		c.msg = append(c.msg, " in queue "...)
+		c.msg = append(c.msg, p.j.Spec.Queue...)
+		if e.est > 0 {
+			c.msg = append(c.msg, "; est. start "...)
+			c.msg = appendClock(c.msg, e.est, c.nowNs)
+			if estByReservation {
+				c.msg = append(c.msg, " by reservation"...)
+			}
+		}
+		e.m1 = int32(len(c.msg))
+		c.pend = append(c.pend, e)
+	}
+}
+
+// quotaOver returns by how many GPUs starting the job would pass its
+// team's limit (or, with project true, its project's), or 0.
+func (c *cycle) quotaOver(p *pjob) (int, bool) {
+	total := p.g * p.n
+	t := &c.teams[p.team]
+	over := 0
+	if t.limit >= 0 {
+		over = t.effective() + total - t.limit
+	}
+	if p.project >= 0 {
+		pr := &c.projects[p.project]
+		if pr.limit >= 0 {
+			if po := pr.effective() + total - pr.limit; po > 0 && po >= over {
+				return po, true
+			}
+		}
+	}
+	return max(0, over), false
+}
+
+func (c *cycle) quotaText(p *pjob, project bool) {
+	used, limit := c.teams[p.team].effective(), c.teams[p.team].limit
+	if project {
+		pr := &c.projects[p.project]
+		used, limit = pr.effective(), pr.limit
+		c.msg = append(c.msg, "project "...)
+		c.msg = append(c.msg, p.j.Spec.Project...)
+		c.msg = append(c.msg, " of team "...)
+	} else {
+		c.msg = append(c.msg, "team "...)
+	}
+	c.msg = append(c.msg, p.j.Spec.Team...)
+	c.msg = append(c.msg, " at quota "...)
+	c.msg = strconv.AppendInt(c.msg, int64(used), 10)
+	c.msg = append(c.msg, '/')
+	c.msg = strconv.AppendInt(c.msg, int64(limit), 10)
+	c.msg = append(c.msg, " GPUs (borrow limit reached"...)
+	if used+p.g*p.n > limit && used < limit {
+		c.msg = append(c.msg, "; this job needs "...)
+		c.msg = strconv.AppendInt(c.msg, int64(p.g*p.n), 10)
+	}
+	c.msg = append(c.msg, ')')
+}
+
+func (c *cycle) preemptingText(p *pjob) {
+	c.msg = append(c.msg, "preempting jobs to free "...)
+	c.msg = c.appendNeed(c.msg, p)
+	c.msg = append(c.msg, "; starts when they stop"...)
+}
+
+// appendNeed describes what the job waits for: "8 GPUs on one node",
+// "2 nodes with 8 GPUs each", "1 GPU with 20Gi free (shared)".
+func (c *cycle) appendNeed(b []byte, p *pjob) []byte {
+	if p.n > 1 {
+		b = strconv.AppendInt(b, int64(p.n), 10)
+		b = append(b, " nodes with "...)
+		b = strconv.AppendInt(b, int64(p.g), 10)
+		b = append(b, " GPUs each in one pool"...)
+	} else {
+		b = strconv.AppendInt(b, int64(p.g), 10)
+		if p.g == 1 {
+			b = append(b, " GPU"...)
+		} else {
+			b = append(b, " GPUs on one node"...)
+		}
+		if p.share > 0 {
+			b = append(b, " with "...)
+			b = append(b, broker.FormatQuantity(p.share)...)
+			b = append(b, " free (shared)"...)
+		}
+	}
+	if m := p.j.Spec.Resources.GPUModel; m != "" {
+		b = append(b, " of model "...)
+		b = append(b, m...)
+	}
+	return b
+}
+
+// blocked finds the reason of a job that neither starts, claims, nor
+// preempts: it can never fit, it becomes the head with a reservation, it
+// would delay the head, or it waits for cards.
+func (c *cycle) blocked(pi int32, miss miss, sawBackfill bool) (code string, est int64, byReservation bool) {
+	p := &c.pending[pi]
+	if !c.canEverFit(p) {
+		c.msg = append(c.msg, "no ready node set can hold "...)
+		c.msg = c.appendNeed(c.msg, p)
+		return ReasonNoFit, 0, false
+	}
+	code = ReasonResources
+	if p.n > 1 {
+		code = ReasonGang
+	}
+	switch {
+	case miss == missReserve:
+		code = ReasonQueueReserved
+		c.msg = append(c.msg, "the free GPUs are reserved for other queues; waiting for "...)
+		c.msg = c.appendNeed(c.msg, p)
+	case c.resv.active && (miss == missBackfill || sawBackfill):
+		code = ReasonBackfill
+		c.msg = append(c.msg, "fits now but would delay job "...)
+		c.msg = append(c.msg, c.pending[c.resv.job].j.ID...)
+		c.msg = append(c.msg, ", reserved for "...)
+		c.msg = appendClock(c.msg, c.resv.at, c.nowNs)
+		c.msg = append(c.msg, "; waiting for "...)
+		c.msg = c.appendNeed(c.msg, p)
+		return code, 0, false
+	default:
+		c.msg = append(c.msg, "waiting for "...)
+		c.msg = c.appendNeed(c.msg, p)
+	}
+	if !c.resv.active && c.reserve(pi) {
+		return code, c.resv.at, true
+	}
+	return code, 0, false
+}
+
+// canEverFit reports whether some ready node (or gang group) has enough
+// healthy cards for the job, whoever holds them now.
+func (c *cycle) canEverFit(p *pjob) bool {
+	if p.g <= 0 {
+		return false
+	}
+	cons := &c.cons[p.cons]
+	if p.n == 1 {
+		for _, sg := range cons.sgs {
+			if c.sgroups[sg].maxTotal >= p.g {
+				return true
+			}
+		}
+		return false
+	}
+	for gi := range c.ggroups {
+		gg := &c.ggroups[gi]
+		if !cons.in[gg.key.sg] || len(gg.nodes) < p.n {
+			continue
+		}
+		n := 0
+		for _, i := range gg.nodes {
+			if nd := &c.nodes[i]; nd.total >= p.g && capacityOK(nd, p) {
+				n++
+			}
+		}
+		if n >= p.n {
+			return true
+		}
+	}
+	return false
+}
+
+// appendClock writes t as "14:20 UTC", or "Jan 2 14:20 UTC" when it is
+// not within a day of now.
+func appendClock(b []byte, t, now int64) []byte {
+	tm := time.Unix(0, t).UTC()
+	if d := t - now; d >= 0 && d < int64(24*time.Hour) {
+		return tm.AppendFormat(b, "15:04 UTC")
+	}
+	return tm.AppendFormat(b, "Jan 2 15:04 UTC")
+}
+
+func appendOrdinal(b []byte, n int) []byte {
+	b = strconv.AppendInt(b, int64(n), 10)
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+		return append(b, "th"...)
+	case n%10 == 1:
+		return append(b, "st"...)
+	case n%10 == 2:
+		return append(b, "nd"...)
+	case n%10 == 3:
+		return append(b, "rd"...)
+	}
+	return append(b, "th"...)
+}
+
+// finish turns the cycle's decisions into a Plan. All messages live in one
+// string; each reason's Message is a slice of it.
+func (c *cycle) finish() Plan {
+	plan := Plan{Starts: c.starts, Stops: c.stops, Preemptions: c.preemptions}
+	all := string(c.msg)
+	plan.Pending = make([]Pending, len(c.pend))
+	nburst := 0
+	for k := range c.pend {
+		e := &c.pend[k]
+		p := &c.pending[e.job]
+		r := broker.PendingReason{Code: e.code, Message: all[e.m0:e.m1], Position: int(e.pos)}
+		if e.est > 0 {
+			t := time.Unix(0, e.est).UTC()
+			r.EstimatedStart = &t
+		}
+		plan.Pending[k] = Pending{Job: p.j.ID, Queue: p.j.Spec.Queue, Reason: r}
+		if e.code != ReasonBackoff && p.j.Spec.Burst != broker.BurstNever {
+			nburst++
+		}
+	}
+	if nburst > 0 {
+		plan.BurstDemand = make([]BurstDemand, 0, nburst)
+		for k := range c.pend {
+			e := &c.pend[k]
+			j := c.pending[e.job].j
+			if e.code == ReasonBackoff || j.Spec.Burst == broker.BurstNever {
+				continue
+			}
+			since := pendingSince(j)
+			res := j.Spec.Resources
+			plan.BurstDemand = append(plan.BurstDemand, BurstDemand{
+				Job: j.ID, Team: j.Spec.Team, Project: j.Spec.Project, Queue: j.Spec.Queue, Priority: j.Spec.Priority,
+				Burst: j.Spec.Burst, GPUs: res.GPUs, Nodes: max(1, res.Nodes), GPUModel: res.GPUModel,
+				GPUMemory: int64(res.GPUMemory), CPU: res.CPU, Memory: int64(res.Memory), Timeout: j.Spec.Timeout.D(),
+				Preemptible: j.Spec.Preemptible, PendingSince: since, Waited: c.now.Sub(since),
+				Reason: e.code, Position: int(e.pos), EstimatedStart: plan.Pending[k].Reason.EstimatedStart,
+			})
+		}
+	}
+	if c.resv.active {
+		rv := &Reservation{Job: c.pending[c.resv.job].j.ID, At: time.Unix(0, c.resv.at).UTC()}
+		for _, i := range c.resv.nodes {
+			rv.Nodes = append(rv.Nodes, c.nodes[i].n.Name)
+		}
+		plan.Reservation = rv
+	}
+	return plan
+}
+
+// pendingSince is when the job last entered the queue.
+func pendingSince(j *broker.Job) time.Time {
+	if n := len(j.History); n > 0 && j.History[n-1].To == broker.StatePending {
+		return j.History[n-1].At
+	}
+	return j.SubmittedAt
+}
