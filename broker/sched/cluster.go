@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/onprem/gpu"
@@ -101,6 +102,14 @@ type node struct {
 	// uniform reports that every pair of cards is equally close, so the
 	// lowest free indexes are as good as any.
 	uniform bool
+	// What preemption could get here, kept by refreshPreempt: cards whose
+	// every live holder is preemptible, and the lowest class, the least
+	// work lost and whether a batch job is among those holders.
+	pCards  int
+	pMin    int32
+	pLost   int64
+	pBatch  bool
+	pBucket int8 // lostBucket(pLost), the node's place in cycle.lostSets; -1 when none
 	// reserved nodes hold the head's reservation; extra is the number of
 	// cards they have beyond it at the reservation time.
 	reserved bool
@@ -132,6 +141,7 @@ type sgKey struct {
 type sgroup struct {
 	key      sgKey
 	bucket   []bitset
+	cnt      []int // cnt[k] is the size of bucket[k]
 	maxTotal int
 }
 
@@ -190,6 +200,8 @@ func (c *cycle) buildCluster() {
 			sg.bucket = append(sg.bucket, newBitset(nil, nn))
 		}
 		sg.bucket = sg.bucket[:c.K+1]
+		sg.cnt = slices.Grow(sg.cnt[:0], c.K+1)[:c.K+1]
+		clear(sg.cnt)
 	}
 	for g := range c.ggroups {
 		gg := &c.ggroups[g]
@@ -199,12 +211,15 @@ func (c *cycle) buildCluster() {
 	c.drainSet = newBitset(c.drainSet, nn)
 	c.sharedSet = newBitset(c.sharedSet, nn)
 	c.preemptSet = newBitset(c.preemptSet, nn)
+	for b := range c.lostSets {
+		c.lostSets[b] = newBitset(c.lostSets[b], nn)
+	}
 }
 
 func (c *cycle) initNode(nd *node, n *broker.Node) {
 	cards := nd.cards[:0]
 	holders := nd.holders[:0]
-	*nd = node{n: n, ready: n.State == broker.NodeReady, cards: cards, holders: holders}
+	*nd = node{n: n, ready: n.State == broker.NodeReady, cards: cards, holders: holders, pBucket: -1}
 	devs := n.Inventory.Devices
 	sorted := slices.IsSortedFunc(devs, func(a, b gpu.Device) int { return a.Index - b.Index })
 	if !sorted {
@@ -315,10 +330,12 @@ func (c *cycle) indexNodes() {
 			continue
 		}
 		c.sgroups[nd.sg].bucket[free].set(int32(i))
+		c.sgroups[nd.sg].cnt[free]++
 		c.ggroups[nd.gg].cnt[free]++
 		c.freeTotal += free
 		if drain > 0 {
 			c.drainSet.set(int32(i))
+			c.drainNodes++
 		}
 		c.refreshShared(int32(i))
 		c.refreshPreempt(int32(i))
@@ -336,6 +353,8 @@ func (c *cycle) setFree(i int32, v int) {
 	sg := &c.sgroups[nd.sg]
 	sg.bucket[old].unset(i)
 	sg.bucket[v].set(i)
+	sg.cnt[old]--
+	sg.cnt[v]++
 	gg := &c.ggroups[nd.gg]
 	gg.cnt[old]--
 	gg.cnt[v]++
@@ -348,10 +367,12 @@ func (c *cycle) setDrain(i int32, v int) {
 	if !nd.ready {
 		return
 	}
-	if v > 0 {
+	if was := c.drainSet.has(i); v > 0 && !was {
 		c.drainSet.set(i)
-	} else {
+		c.drainNodes++
+	} else if v == 0 && was {
 		c.drainSet.unset(i)
+		c.drainNodes--
 	}
 }
 
@@ -396,22 +417,58 @@ func (c *cycle) refreshShared(i int32) {
 }
 
 // refreshPreempt keeps preemptSet equal to the ready nodes holding a
-// preemptible job that was not told to stop.
+// preemptible job that was not told to stop, and the node's summary of
+// what preemption could free there.
 func (c *cycle) refreshPreempt(i int32) {
 	nd := &c.nodes[i]
-	ok := false
+	nd.pCards, nd.pMin, nd.pLost, nd.pBatch = 0, 0, -1, false
+	var blocked, any uint64
 	if nd.ready {
 		for _, h := range nd.holders {
 			r := &c.running[h.job]
-			if r.preemptible && !r.stopping && !r.fresh {
-				ok = true
-				break
+			if r.stopping {
+				continue
 			}
+			if !r.preemptible || r.fresh {
+				blocked |= h.mask
+				continue
+			}
+			any |= h.mask
+			if nd.pLost < 0 || r.class < nd.pMin {
+				nd.pMin = r.class
+			}
+			if lost := int64(r.total) * (r.lost / int64(time.Second)); nd.pLost < 0 || lost < nd.pLost {
+				nd.pLost = lost
+			}
+			nd.pBatch = nd.pBatch || !r.latency
 		}
 	}
-	if ok {
+	if nd.pBucket >= 0 {
+		c.lostSets[nd.pBucket].unset(i)
+		nd.pBucket = -1
+	}
+	if any != 0 {
+		for p := range nd.cards {
+			if cd := &nd.cards[p]; any&(1<<uint(p)) != 0 && blocked&(1<<uint(p)) == 0 && !cd.claimed && cd.healthy {
+				nd.pCards++
+			}
+		}
 		c.preemptSet.set(i)
+		nd.pBucket = lostBucket(nd.pLost)
+		c.lostSets[nd.pBucket].set(i)
 	} else {
 		c.preemptSet.unset(i)
 	}
+}
+
+// lostBucket groups work lost by powers of two: bucket b holds values in
+// [lostFloor(b), 2*lostFloor(b)).
+func lostBucket(lost int64) int8 { return int8(bits.Len64(uint64(max(0, lost)))) }
+
+// lostFloor is the smallest value in bucket b.
+func lostFloor(b int) int64 {
+	if b == 0 {
+		return 0
+	}
+	return 1 << uint(b-1)
 }

@@ -31,6 +31,9 @@ type cycle struct {
 	drainSet   bitset
 	sharedSet  bitset
 	preemptSet bitset
+	// lostSets[b] holds the nodes of preemptSet whose cheapest victim
+	// loses work in lostBucket b.
+	lostSets [65]bitset
 
 	teams      []team
 	teamIdx    map[string]int32
@@ -38,6 +41,8 @@ type cycle struct {
 	projIdx    map[projKey]int32
 	queues     []queue
 	queueIdx   map[string]int32
+	tqps       []tqp
+	tqpIdx     map[tqpKey]int32
 	unmetTotal int // sum over queues of their unmet reservation
 	cons       []constraint
 	consIdx    map[consKey]int32
@@ -50,13 +55,22 @@ type cycle struct {
 	// preemptible counts running jobs that could be preempted.
 	preemptible int
 
+	plan        Plan
+	pendBuf     []Pending
+	burstBuf    []BurstDemand
+	offs        []int32 // plan.Pending[k]'s message is msg[offs[2k]:offs[2k+1]]
+	fitFailed   map[fitKey]bool
+	fitBits     []uint64 // fitBits[cons*64+g] has bit n when that shape found no place
+	drainNodes  int      // nodes in drainSet
 	stops       []Stop
 	starts      []Start
 	preemptions []Preemption
-	pend        []pendEntry
 	msg         []byte
 	resv        reservation
 	failed      map[failKey]bool
+	// lastVictims and lastNodes are the last successful preemption's.
+	lastVictims []int32
+	lastNodes   []int32
 	// miss and sawBackfill tell why the last tryStart found no place.
 	miss        miss
 	sawBackfill bool
@@ -89,22 +103,28 @@ type rjob struct {
 	p0, p1 int32
 }
 
-// pjob is a pending job.
+// pjob is a pending job. It copies what the cycle needs from the job, so
+// that the walk and the plan never go back to the (cold) job record.
 type pjob struct {
 	j                    *broker.Job
+	id                   string
 	team, project, queue int32
 	class                int32
 	latency              bool
 	preemptible          bool
+	burst                burstCode
 	g, n                 int   // cards per node, nodes
 	share                int64 // memory per card when it may share a card, else 0
+	gpuMem               int64 // the spec's gpuMemory
 	cons                 int32
 	cpu                  float64
 	mem                  int64
 	timeout              int64
-	starved              bool
-	score                int64
 	sub                  int64
+	notBefore            int64 // retry backoff (unix ns), 0 when none
+	since                int64 // last entered the queue (unix ns)
+	// tqp is the job's (team, queue, priority) entry in cycle.tqps.
+	tqp int32
 }
 
 type team struct {
@@ -167,11 +187,13 @@ type constraint struct {
 	in []bool
 }
 
+// sortKey orders pending jobs: key ascending (it is the complement of
+// starved, latency tier, class and score, or of starved and submit time),
+// then submit time, then id.
 type sortKey struct {
-	k1    uint64 // starved, latency tier, class
-	score int64
-	sub   int64
-	idx   int32
+	key uint64
+	sub int64
+	idx int32
 }
 
 func (c *cycle) reset(s *Snapshot) {
@@ -190,17 +212,24 @@ func (c *cycle) reset(s *Snapshot) {
 		c.teamIdx = map[string]int32{}
 		c.projIdx = map[projKey]int32{}
 		c.queueIdx = map[string]int32{}
+		c.tqpIdx = map[tqpKey]int32{}
 		c.consIdx = map[consKey]int32{}
 		c.failed = map[failKey]bool{}
+		c.fitFailed = map[fitKey]bool{}
 	}
+	clear(c.fitFailed)
+	c.fitBits = c.fitBits[:0]
 	clear(c.teamIdx)
 	clear(c.projIdx)
 	clear(c.queueIdx)
+	clear(c.tqpIdx)
+	c.tqps = c.tqps[:0]
 	clear(c.consIdx)
 	clear(c.failed)
 	c.teams, c.projects, c.queues, c.cons = c.teams[:0], c.projects[:0], c.queues[:0], c.cons[:0]
 	c.running, c.rplaces, c.pending, c.keys = c.running[:0], c.rplaces[:0], c.pending[:0], c.keys[:0]
-	c.stops, c.starts, c.preemptions, c.pend = nil, nil, nil, c.pend[:0]
+	c.stops, c.starts, c.preemptions = nil, nil, nil
+	c.drainNodes = 0
 	c.msg = c.msg[:0]
 	c.resv = reservation{nodes: c.resv.nodes[:0]}
 	c.unmetTotal, c.preemptible = 0, 0
@@ -303,6 +332,50 @@ func modelMatches(have, want string) bool {
 }
 
 func (c *cycle) classOf(name string) int32 { return int32(c.pol.Priorities[name]) }
+
+// burstCode is a job's burst policy in one byte.
+type burstCode uint8
+
+const (
+	burstAllowed burstCode = iota
+	burstNever
+	burstPrefer
+)
+
+func burstCodeOf(b broker.BurstPolicy) burstCode {
+	switch b {
+	case broker.BurstNever:
+		return burstNever
+	case broker.BurstPrefer:
+		return burstPrefer
+	}
+	return burstAllowed
+}
+
+func (b burstCode) policy() broker.BurstPolicy {
+	return [...]broker.BurstPolicy{broker.BurstAllowed, broker.BurstNever, broker.BurstPrefer}[b]
+}
+
+// tqpKey is a job's team, queue and priority class names: one map lookup
+// finds all three.
+type tqpKey struct{ team, queue, priority string }
+
+type tqp struct {
+	team, queue int32
+	class       int32
+	priority    string
+}
+
+func (c *cycle) tqpOf(team, queue, priority string) int32 {
+	k := tqpKey{team, queue, priority}
+	if i, ok := c.tqpIdx[k]; ok {
+		return i
+	}
+	i := int32(len(c.tqps))
+	c.tqpIdx[k] = i
+	c.tqps = append(c.tqps, tqp{team: c.teamOf(team), queue: c.queueOf(queue), class: c.classOf(priority), priority: priority})
+	return i
+}
 
 // heldSince is when a holding job took its cards: its start, or the last
 // time it was scheduled.
@@ -440,15 +513,20 @@ func (c *cycle) addRunning(j *broker.Job) {
 }
 
 func (c *cycle) addPending(j *broker.Job) {
-	t := c.teamOf(j.Spec.Team)
-	q := c.queueOf(j.Spec.Queue)
+	tq := c.tqpOf(j.Spec.Team, j.Spec.Queue, j.Spec.Priority)
+	t, q := c.tqps[tq].team, c.tqps[tq].queue
 	res := j.Spec.Resources
 	p := pjob{
 		j:           j,
+		id:          j.ID,
+		burst:       burstCodeOf(j.Spec.Burst),
+		gpuMem:      int64(res.GPUMemory),
+		since:       pendingSince(j).UnixNano(),
+		tqp:         tq,
 		team:        t,
 		project:     c.projectOf(t, j.Spec.Project),
 		queue:       q,
-		class:       c.classOf(j.Spec.Priority),
+		class:       c.tqps[tq].class,
 		latency:     c.queues[q].kind == Latency,
 		preemptible: j.Spec.Preemptible,
 		g:           res.GPUs,
@@ -457,6 +535,9 @@ func (c *cycle) addPending(j *broker.Job) {
 		mem:         int64(res.Memory),
 		timeout:     int64(j.Spec.Timeout.D()),
 		sub:         j.SubmittedAt.UnixNano(),
+	}
+	if j.NotBefore != nil {
+		p.notBefore = j.NotBefore.UnixNano()
 	}
 	minMem := int64(res.GPUMemory)
 	if minMem > 0 && p.n == 1 && c.queues[q].sharing {
@@ -517,49 +598,103 @@ func (c *cycle) fairShare() {
 }
 
 // order sorts the pending jobs: starved jobs first by submit time, then
-// latency queues, then class, then score, then submit time, then id.
+// latency queues, then class, then score, then submit time, then id. The
+// first four pack into one word (1 bit starved, 1 bit latency, 20 bits
+// class, 42 bits score), so most comparisons are one integer compare.
 func (c *cycle) order() {
 	pol := c.pol
 	maxAge := float64(pol.MaxAge)
 	c.sizeRef = max(1, c.K)
 	starve := int64(pol.StarvationAge)
 	keys := c.keys[:0]
+	const maxClass, maxScore, maxSub = 1<<20 - 1, 1<<42 - 1, 1<<62 - 1
 	for i := range c.pending {
 		p := &c.pending[i]
 		wait := c.nowNs - p.sub
-		var k1 uint64
+		var k uint64
 		if starve > 0 && wait >= starve {
-			p.starved = true
-			k1 = 1 << 62
+			// Starved jobs go first, oldest first.
+			k = 1<<63 | uint64(maxSub-min(maxSub, max(0, p.sub)))
 		} else {
 			if p.latency {
-				k1 |= 1 << 61
+				k |= 1 << 62
 			}
-			k1 |= uint64(max(0, p.class))
+			k |= uint64(min(maxClass, max(0, p.class))) << 42
 			age := 0.0
 			if maxAge > 0 {
 				age = min(1, max(0, float64(wait)/maxAge))
 			}
 			size := min(1, float64(p.g*p.n)/float64(c.sizeRef))
-			p.score = int64(pol.Weights.Age)*quantize(age) +
+			score := int64(pol.Weights.Age)*quantize(age) +
 				int64(pol.Weights.FairShare)*quantize(c.teams[p.team].fair) +
 				int64(pol.Weights.Size)*quantize(size)
+			k |= uint64(min(maxScore, max(0, score)))
 		}
-		keys = append(keys, sortKey{k1: k1, score: p.score, sub: p.sub, idx: int32(i)})
+		keys = append(keys, sortKey{key: ^k, sub: p.sub, idx: int32(i)})
 	}
-	slices.SortFunc(keys, func(a, b sortKey) int {
-		if a.k1 != b.k1 {
-			return cmp.Compare(b.k1, a.k1)
+	keys, c.scratch.keys = radixSort(keys, c.scratch.keys)
+	// Equal keys (rare: same class and score) fall back to submit time,
+	// then id.
+	for lo := 0; lo < len(keys); {
+		hi := lo + 1
+		for hi < len(keys) && keys[hi].key == keys[lo].key {
+			hi++
 		}
-		if a.score != b.score {
-			return cmp.Compare(b.score, a.score)
+		if hi-lo > 1 {
+			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
+				if a.sub != b.sub {
+					return cmp.Compare(a.sub, b.sub)
+				}
+				return strings.Compare(c.pending[a.idx].id, c.pending[b.idx].id)
+			})
 		}
-		if a.sub != b.sub {
-			return cmp.Compare(a.sub, b.sub)
-		}
-		return strings.Compare(c.pending[a.idx].j.ID, c.pending[b.idx].j.ID)
-	})
+		lo = hi
+	}
 	c.keys = keys
+	// Lay the pending jobs out in that order, so the walk reads memory
+	// front to back.
+	// Reads go front to back and writes land at each job's rank: stores
+	// overlap their cache misses, loads would wait on them.
+	rank := slices.Grow(c.scratch.rank[:0], len(keys))[:len(keys)]
+	for r, k := range keys {
+		rank[k.idx] = int32(r)
+	}
+	c.scratch.rank = rank
+	ordered := slices.Grow(c.scratch.ordered[:0], len(c.pending))[:len(c.pending)]
+	for i := range c.pending {
+		ordered[rank[i]] = c.pending[i]
+	}
+	c.pending, c.scratch.ordered = ordered, c.pending
+}
+
+// radixSort sorts a by key (LSD, 11 bits a pass, stable), skipping passes
+// where every key has the same digit. It returns the sorted slice and the
+// other buffer.
+func radixSort(a, tmp []sortKey) ([]sortKey, []sortKey) {
+	const width = 11
+	const buckets = 1 << width
+	tmp = slices.Grow(tmp[:0], len(a))[:len(a)]
+	var count [buckets]int
+	for shift := uint(0); shift < 64; shift += width {
+		clear(count[:])
+		for _, k := range a {
+			count[(k.key>>shift)&(buckets-1)]++
+		}
+		if count[(a[0].key>>shift)&(buckets-1)] == len(a) {
+			continue
+		}
+		sum := 0
+		for d := range count {
+			sum, count[d] = sum+count[d], sum
+		}
+		for _, k := range a {
+			d := (k.key >> shift) & (buckets - 1)
+			tmp[count[d]] = k
+			count[d]++
+		}
+		a, tmp = tmp, a
+	}
+	return a, tmp
 }
 
 // quantize turns a factor in [0, 1] into millionths, so scores compare as

@@ -49,6 +49,9 @@ func (c *cycle) findSingle(p *pjob, g int, end int64) int32 {
 	for k := g; k <= c.K; k++ {
 		best := int32(-1)
 		for _, sg := range cons.sgs {
+			if c.sgroups[sg].cnt[k] == 0 {
+				continue
+			}
 			b := c.sgroups[sg].bucket[k]
 			for i := b.next(0); i >= 0 && (best < 0 || i < best); i = b.next(i + 1) {
 				if c.accepts(i, p, g, end) {
@@ -208,6 +211,48 @@ func (c *cycle) tryStart(pi int32) bool {
 	if p.g <= 0 {
 		return false
 	}
+	// Free cards only get fewer during a cycle, so a shape that found no
+	// place will not find one later in the same cycle.
+	// Most jobs differ only in cards and nodes: their failures are bits
+	// in fitBits; the rest go to a map.
+	plain := p.share == 0 && p.cpu == 0 && p.mem == 0 && p.g < 64 && p.n < 64
+	word, bit := int(p.cons)*64+p.g, uint64(1)<<uint(p.n&63)
+	var fk fitKey
+	if plain {
+		if word < len(c.fitBits) && c.fitBits[word]&bit != 0 {
+			return false
+		}
+	} else {
+		fk = fitKey{g: p.g, n: p.n, cons: p.cons, share: p.share, cpu: p.cpu, mem: p.mem}
+		if c.fitFailed[fk] {
+			return false
+		}
+	}
+	ok := c.startNow(pi, end)
+	if !ok && c.miss == missCards && !c.sawBackfill {
+		if plain {
+			for len(c.fitBits) <= word {
+				c.fitBits = append(c.fitBits, 0)
+			}
+			c.fitBits[word] |= bit
+		} else {
+			c.fitFailed[fk] = true
+		}
+	}
+	return ok
+}
+
+// fitKey is the shape of a job as far as finding free cards goes.
+type fitKey struct {
+	g, n  int
+	cons  int32
+	share int64
+	cpu   float64
+	mem   int64
+}
+
+func (c *cycle) startNow(pi int32, end int64) bool {
+	p := &c.pending[pi]
 	if p.share > 0 {
 		if i, shared := c.findShared(p, p.g, end); i >= 0 {
 			nd := &c.nodes[i]
@@ -343,7 +388,7 @@ func (c *cycle) commitStart(pi int32, nodes []int32, masks []uint64, end int64) 
 		preemptible: p.preemptible, fresh: true, total: p.g * p.n, end: end,
 		grace: int64(p.j.Spec.Checkpoint.Grace.D()), p0: int32(len(c.rplaces))}
 	c.running = append(c.running, r)
-	st := Start{Job: p.j.ID, Placements: make([]broker.Placement, len(nodes))}
+	st := Start{Job: p.id, Placements: make([]broker.Placement, len(nodes))}
 	for k, i := range nodes {
 		nd := &c.nodes[i]
 		mask := masks[k]
@@ -419,7 +464,7 @@ func (c *cycle) cardUntil(i int32, until *[maxCards]int64) {
 // to start, or 0.
 func (c *cycle) tryClaim(pi int32) int64 {
 	p := &c.pending[pi]
-	if p.g <= 0 {
+	if p.g <= 0 || c.drainNodes == 0 {
 		return 0
 	}
 	var nodes []int32

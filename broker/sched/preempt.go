@@ -318,12 +318,15 @@ func (c *cycle) tryPreempt(pi int32, r rights) int64 {
 	}
 	at := c.nowNs
 	stopped := map[int32]bool{}
+	c.lastVictims, c.lastNodes = c.lastVictims[:0], c.lastNodes[:0]
 	for _, pk := range picks {
+		c.lastNodes = append(c.lastNodes, pk.node)
 		for _, v := range pk.victims {
 			if stopped[v.job] {
 				continue
 			}
 			stopped[v.job] = true
+			c.lastVictims = append(c.lastVictims, v.job)
 			c.preempt(v, p)
 		}
 	}
@@ -351,31 +354,61 @@ func (c *cycle) victimsEnd(vs []victim) int64 {
 }
 
 func (c *cycle) preemptSingle(p *pjob, r *rights) []nodePick {
-	cons := &c.cons[p.cons]
-	var best *nodePick
-	for i := c.preemptSet.next(0); i >= 0; i = c.preemptSet.next(i + 1) {
-		nd := &c.nodes[i]
-		if !cons.in[nd.sg] || nd.total < p.g || !capacityOK(nd, p) {
-			continue
+	var bestPick nodePick
+	var best *nodePick // &bestPick once one is found
+	byClassOnly := !r.latency && !r.reclaim && !r.projReclaim && !r.queueReclaim
+	// Nodes are visited by the work their cheapest victim would lose, in
+	// power-of-two buckets; once the best set loses less than a bucket's
+	// floor, no later node can do better.
+	for b := range c.lostSets {
+		if best != nil && best.cost.protected == 0 && lostFloor(b) > best.cost.lost {
+			break
 		}
+		set := c.lostSets[b]
+		for i := set.next(0); i >= 0; i = set.next(i + 1) {
+			if pk, ok := c.preemptOnNode(i, p, r, byClassOnly, best); ok {
+				bestPick, best = pk, &bestPick
+			}
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	return []nodePick{*best}
+}
+
+// preemptOnNode is the cheapest victim set on node i for p, if it beats
+// best.
+func (c *cycle) preemptOnNode(i int32, p *pjob, r *rights, byClassOnly bool, best *nodePick) (nodePick, bool) {
+	cons := &c.cons[p.cons]
+	nd := &c.nodes[i]
+	if nd.free+nd.drain+nd.pCards < p.g || !cons.in[nd.sg] || !capacityOK(nd, p) {
+		return nodePick{}, false
+	}
+	// Cheap refusals from the node's summary: no victim of a lower class
+	// (or batch job, for a latency job), or no set that could lose less
+	// work than the best found.
+	if nd.pMin >= r.class && (byClassOnly || (r.latency && !r.reclaim && !r.projReclaim && !r.queueReclaim && !nd.pBatch)) {
+		return nodePick{}, false
+	}
+	if best != nil && best.cost.protected == 0 && nd.pLost > best.cost.lost {
+		return nodePick{}, false
+	}
+	{
 		var bound *vcost
 		if best != nil {
 			bound = &best.cost
 		}
 		cost, vs, ok := c.bestOnNode(i, p, r, p.g, bound)
 		if !ok || len(vs) == 0 {
-			continue
+			return nodePick{}, false
 		}
 		if end := c.victimsEnd(vs) + p.timeout; nd.reserved && end > c.resv.at && nd.extra < p.g {
 			c.sawBackfill = true
-			continue
+			return nodePick{}, false
 		}
-		best = &nodePick{node: i, cost: cost, victims: vs}
+		return nodePick{node: i, cost: cost, victims: vs}, true
 	}
-	if best == nil {
-		return nil
-	}
-	return []nodePick{*best}
 }
 
 func (c *cycle) preemptGang(p *pjob, r *rights) []nodePick {
@@ -390,7 +423,7 @@ func (c *cycle) preemptGang(p *pjob, r *rights) []nodePick {
 		var picks []nodePick
 		for _, i := range gg.nodes {
 			nd := &c.nodes[i]
-			if nd.total < p.g || !capacityOK(nd, p) {
+			if nd.free+nd.drain+nd.pCards < p.g || nd.total < p.g || !capacityOK(nd, p) {
 				continue
 			}
 			cost, vs, ok := c.bestOnNode(i, p, r, p.g, nil)

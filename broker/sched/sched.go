@@ -218,10 +218,9 @@ type BurstDemand struct {
 	Timeout   time.Duration `json:"timeout"`
 	// Preemptible jobs may run on spot capacity.
 	Preemptible bool `json:"preemptible"`
-	// PendingSince is when the job last entered the queue (submit, requeue
-	// or retry); Waited is Now minus it.
-	PendingSince time.Time     `json:"pendingSince"`
-	Waited       time.Duration `json:"waited"`
+	// Waited is how long since the job last entered the queue (submit,
+	// requeue after preemption or a lost node, retry).
+	Waited time.Duration `json:"waited"`
 	// Reason is the pending reason code on-prem; Position its place in
 	// its queue; EstimatedStart the on-prem estimate, if any.
 	Reason         string     `json:"reason"`

@@ -492,3 +492,15 @@ func TestPreemptionRecord(t *testing.T) {
 		t.Errorf("estimated start %v, want now + the victim's 2m grace", r.EstimatedStart)
 	}
 }
+
+func TestPreemptingMessage(t *testing.T) {
+	s := snap(nodes(MakeNode("n1").GPUs(2)), jobs(
+		MakeJob("low").GPUs(2).Priority("low").Preemptible().On("n1", 0, 1),
+		MakeJob("high").GPUs(2).Priority("high"),
+	))
+	r := reasonOf(t, Schedule(s), "high")
+	want := "preempting 1 job (low) on n1 for 2 GPUs on one node; starts when it stops; 1st in queue default; est. start 12:02 UTC"
+	if r.Message != want {
+		t.Errorf("message\n got %q\nwant %q", r.Message, want)
+	}
+}

@@ -13,4 +13,7 @@ type scratch struct {
 	releases []release
 	freeAt   []int32
 	pos      []int32
+	keys     []sortKey
+	ordered  []pjob
+	rank     []int32
 }

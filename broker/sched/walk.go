@@ -1,51 +1,49 @@
 package sched
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
 )
 
-// pendEntry is a job left pending; its message is msg[m0:m1].
-type pendEntry struct {
-	job    int32
-	code   string
-	m0, m1 int32
-	pos    int32
-	est    int64 // expected start (unix ns), 0 when unknown
-}
-
-// walk decides for each pending job in order.
+// walk decides for each pending job in order. Jobs left pending get their
+// Plan entry (and burst demand) at once, in order; their messages go to
+// c.msg and are attached by finish.
 func (c *cycle) walk() {
 	pos := c.scratch.pos[:0]
 	for range c.queues {
 		pos = append(pos, 0)
 	}
 	c.scratch.pos = pos
-	for _, k := range c.keys {
-		pi := k.idx
+	c.plan = Plan{Pending: slices.Grow(c.pendBuf[:0], len(c.pending)), BurstDemand: c.burstBuf[:0]}
+	c.offs = c.offs[:0]
+	for k := range c.pending {
+		pi := int32(k)
 		p := &c.pending[pi]
-		e := pendEntry{job: pi, m0: int32(len(c.msg))}
+		m0 := int32(len(c.msg))
+		var code string
+		var est int64
 		estByReservation := false
 		switch over, project := c.quotaOver(p); {
-		case p.j.NotBefore != nil && c.now.Before(*p.j.NotBefore):
-			e.code = ReasonBackoff
+		case p.notBefore > c.nowNs:
+			code = ReasonBackoff
 			c.msg = append(c.msg, "retry backoff until "...)
-			c.msg = appendClock(c.msg, p.j.NotBefore.UnixNano(), c.nowNs)
+			c.msg = appendClock(c.msg, p.notBefore, c.nowNs)
 		case over > 0:
 			if at := c.tryPreempt(pi, c.rightsOf(p, over, project)); at > 0 {
-				e.code, e.est = ReasonPreempting, at
+				code, est = ReasonPreempting, at
 				c.preemptingText(p)
 			} else {
-				e.code = ReasonQuota
+				code = ReasonQuota
 				c.quotaText(p, project)
 			}
 		case c.tryStart(pi):
 			continue
 		default:
 			if at := c.tryClaim(pi); at > 0 {
-				e.code, e.est = ReasonReleasing, at
+				code, est = ReasonReleasing, at
 				c.msg = append(c.msg, "waiting for "...)
 				c.msg = c.appendNeed(c.msg, p)
 				c.msg = append(c.msg, " being released by stopping jobs"...)
@@ -53,27 +51,47 @@ func (c *cycle) walk() {
 			}
 			miss, sawBackfill := c.miss, c.sawBackfill
 			if at := c.tryPreempt(pi, c.rightsOf(p, 0, false)); at > 0 {
-				e.code, e.est = ReasonPreempting, at
+				code, est = ReasonPreempting, at
 				c.preemptingText(p)
 				break
 			}
-			e.code, e.est, estByReservation = c.blocked(pi, miss, sawBackfill)
+			code, est, estByReservation = c.blocked(pi, miss, sawBackfill)
 		}
 		pos[p.queue]++
-		e.pos = pos[p.queue]
+		qname := c.queues[p.queue].name
 		c.msg = append(c.msg, "; "...)
-		c.msg = appendOrdinal(c.msg, int(e.pos))
+		c.msg = appendOrdinal(c.msg, int(pos[p.queue]))
 		c.msg = append(c.msg, " in queue "...)
-		c.msg = append(c.msg, p.j.Spec.Queue...)
-		if e.est > 0 {
+		c.msg = append(c.msg, qname...)
+		var estT *time.Time
+		if est > 0 {
 			c.msg = append(c.msg, "; est. start "...)
-			c.msg = appendClock(c.msg, e.est, c.nowNs)
+			c.msg = appendClock(c.msg, est, c.nowNs)
 			if estByReservation {
 				c.msg = append(c.msg, " by reservation"...)
 			}
+			t := time.Unix(0, est).UTC()
+			estT = &t
 		}
-		e.m1 = int32(len(c.msg))
-		c.pend = append(c.pend, e)
+		c.offs = append(c.offs, m0, int32(len(c.msg)))
+		c.plan.Pending = append(c.plan.Pending, Pending{Job: p.id, Queue: qname,
+			Reason: broker.PendingReason{Code: code, Position: int(pos[p.queue]), EstimatedStart: estT}})
+		if code != ReasonBackoff && p.burst != burstNever {
+			c.plan.BurstDemand = append(c.plan.BurstDemand, c.burstDemand(p, code, int(pos[p.queue]), estT))
+		}
+	}
+}
+
+func (c *cycle) burstDemand(p *pjob, code string, pos int, est *time.Time) BurstDemand {
+	project := ""
+	if p.project >= 0 {
+		project = c.projects[p.project].name
+	}
+	return BurstDemand{
+		Job: p.id, Team: c.teams[p.team].name, Project: project, Queue: c.queues[p.queue].name, Priority: c.tqps[p.tqp].priority,
+		Burst: p.burst.policy(), GPUs: p.g, Nodes: p.n, GPUModel: c.cons[p.cons].key.model, GPUMemory: p.gpuMem, CPU: p.cpu, Memory: p.mem,
+		Timeout: time.Duration(p.timeout), Preemptible: p.preemptible, Waited: time.Duration(c.nowNs - p.since),
+		Reason: code, Position: pos, EstimatedStart: est,
 	}
 }
 
@@ -103,12 +121,12 @@ func (c *cycle) quotaText(p *pjob, project bool) {
 		pr := &c.projects[p.project]
 		used, limit = pr.effective(), pr.limit
 		c.msg = append(c.msg, "project "...)
-		c.msg = append(c.msg, p.j.Spec.Project...)
+		c.msg = append(c.msg, pr.name...)
 		c.msg = append(c.msg, " of team "...)
 	} else {
 		c.msg = append(c.msg, "team "...)
 	}
-	c.msg = append(c.msg, p.j.Spec.Team...)
+	c.msg = append(c.msg, c.teams[p.team].name...)
 	c.msg = append(c.msg, " at quota "...)
 	c.msg = strconv.AppendInt(c.msg, int64(used), 10)
 	c.msg = append(c.msg, '/')
@@ -121,10 +139,41 @@ func (c *cycle) quotaText(p *pjob, project bool) {
 	c.msg = append(c.msg, ')')
 }
 
+// preemptingText: "preempting 2 jobs (a, b) on n1 for 8 GPUs on one
+// node; starts when they stop".
 func (c *cycle) preemptingText(p *pjob) {
-	c.msg = append(c.msg, "preempting jobs to free "...)
+	n := len(c.lastVictims)
+	c.msg = append(c.msg, "preempting "...)
+	c.msg = strconv.AppendInt(c.msg, int64(n), 10)
+	if n == 1 {
+		c.msg = append(c.msg, " job ("...)
+	} else {
+		c.msg = append(c.msg, " jobs ("...)
+	}
+	for k, v := range c.lastVictims {
+		if k == 3 {
+			c.msg = append(c.msg, ", …"...)
+			break
+		}
+		if k > 0 {
+			c.msg = append(c.msg, ", "...)
+		}
+		c.msg = append(c.msg, c.running[v].j.ID...)
+	}
+	c.msg = append(c.msg, ") on "...)
+	for k, i := range c.lastNodes {
+		if k > 0 {
+			c.msg = append(c.msg, ", "...)
+		}
+		c.msg = append(c.msg, c.nodes[i].n.Name...)
+	}
+	c.msg = append(c.msg, " for "...)
 	c.msg = c.appendNeed(c.msg, p)
-	c.msg = append(c.msg, "; starts when they stop"...)
+	if n == 1 {
+		c.msg = append(c.msg, "; starts when it stops"...)
+	} else {
+		c.msg = append(c.msg, "; starts when they stop"...)
+	}
 }
 
 // appendNeed describes what the job waits for: "8 GPUs on one node",
@@ -148,7 +197,7 @@ func (c *cycle) appendNeed(b []byte, p *pjob) []byte {
 			b = append(b, " free (shared)"...)
 		}
 	}
-	if m := p.j.Spec.Resources.GPUModel; m != "" {
+	if m := c.cons[p.cons].key.model; m != "" {
 		b = append(b, " of model "...)
 		b = append(b, m...)
 	}
@@ -177,7 +226,7 @@ func (c *cycle) blocked(pi int32, miss miss, sawBackfill bool) (code string, est
 	case c.resv.active && (miss == missBackfill || sawBackfill):
 		code = ReasonBackfill
 		c.msg = append(c.msg, "fits now but would delay job "...)
-		c.msg = append(c.msg, c.pending[c.resv.job].j.ID...)
+		c.msg = append(c.msg, c.pending[c.resv.job].id...)
 		c.msg = append(c.msg, ", reserved for "...)
 		c.msg = appendClock(c.msg, c.resv.at, c.nowNs)
 		c.msg = append(c.msg, "; waiting for "...)
@@ -251,47 +300,22 @@ func appendOrdinal(b []byte, n int) []byte {
 	return append(b, "th"...)
 }
 
-// finish turns the cycle's decisions into a Plan. All messages live in one
-// string; each reason's Message is a slice of it.
+// finish completes the Plan: all messages live in one string, each
+// reason's Message is a slice of it.
 func (c *cycle) finish() Plan {
-	plan := Plan{Starts: c.starts, Stops: c.stops, Preemptions: c.preemptions}
+	plan := c.plan
+	c.plan = Plan{}
+	c.pendBuf, c.burstBuf = plan.Pending[:0], plan.BurstDemand[:0]
+	plan.Starts, plan.Stops, plan.Preemptions = c.starts, c.stops, c.preemptions
 	all := string(c.msg)
-	plan.Pending = make([]Pending, len(c.pend))
-	nburst := 0
-	for k := range c.pend {
-		e := &c.pend[k]
-		p := &c.pending[e.job]
-		r := broker.PendingReason{Code: e.code, Message: all[e.m0:e.m1], Position: int(e.pos)}
-		if e.est > 0 {
-			t := time.Unix(0, e.est).UTC()
-			r.EstimatedStart = &t
-		}
-		plan.Pending[k] = Pending{Job: p.j.ID, Queue: p.j.Spec.Queue, Reason: r}
-		if e.code != ReasonBackoff && p.j.Spec.Burst != broker.BurstNever {
-			nburst++
-		}
+	for k := range plan.Pending {
+		plan.Pending[k].Reason.Message = all[c.offs[2*k]:c.offs[2*k+1]]
 	}
-	if nburst > 0 {
-		plan.BurstDemand = make([]BurstDemand, 0, nburst)
-		for k := range c.pend {
-			e := &c.pend[k]
-			j := c.pending[e.job].j
-			if e.code == ReasonBackoff || j.Spec.Burst == broker.BurstNever {
-				continue
-			}
-			since := pendingSince(j)
-			res := j.Spec.Resources
-			plan.BurstDemand = append(plan.BurstDemand, BurstDemand{
-				Job: j.ID, Team: j.Spec.Team, Project: j.Spec.Project, Queue: j.Spec.Queue, Priority: j.Spec.Priority,
-				Burst: j.Spec.Burst, GPUs: res.GPUs, Nodes: max(1, res.Nodes), GPUModel: res.GPUModel,
-				GPUMemory: int64(res.GPUMemory), CPU: res.CPU, Memory: int64(res.Memory), Timeout: j.Spec.Timeout.D(),
-				Preemptible: j.Spec.Preemptible, PendingSince: since, Waited: c.now.Sub(since),
-				Reason: e.code, Position: int(e.pos), EstimatedStart: plan.Pending[k].Reason.EstimatedStart,
-			})
-		}
+	if len(plan.Pending) == 0 {
+		plan.Pending = nil
 	}
 	if c.resv.active {
-		rv := &Reservation{Job: c.pending[c.resv.job].j.ID, At: time.Unix(0, c.resv.at).UTC()}
+		rv := &Reservation{Job: c.pending[c.resv.job].id, At: time.Unix(0, c.resv.at).UTC()}
 		for _, i := range c.resv.nodes {
 			rv.Nodes = append(rv.Nodes, c.nodes[i].n.Name)
 		}
