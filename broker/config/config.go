@@ -213,7 +213,7 @@ func Default() Config {
 			FairShareHalfLife: broker.Duration(7 * 24 * time.Hour),
 			MaxAge:            broker.Duration(7 * 24 * time.Hour),
 			StarvationAge:     broker.Duration(24 * time.Hour),
-			Weights:           Weights{Age: 1000, FairShare: 1000, Size: 200},
+			Weights:           Weights{Age: 1000, FairShare: 1000, Size: 0},
 			MaxSharersPerGPU:  4,
 			GangLabel:         "fabric",
 		},

@@ -673,6 +673,9 @@ func (c *cycle) order() {
 func radixSort(a, tmp []sortKey) ([]sortKey, []sortKey) {
 	const width = 11
 	const buckets = 1 << width
+	if len(a) < 2 {
+		return a, tmp
+	}
 	tmp = slices.Grow(tmp[:0], len(a))[:len(a)]
 	var count [buckets]int
 	for shift := uint(0); shift < 64; shift += width {

@@ -120,7 +120,7 @@ func DefaultPolicy() Policy {
 			"inference": {Kind: Latency, Sharing: true},
 			"high_perf": {Kind: Batch},
 		},
-		Weights:           Weights{Age: 1000, FairShare: 1000, Size: 200},
+		Weights:           Weights{Age: 1000, FairShare: 1000, Size: 0},
 		FairShareHalfLife: 7 * 24 * time.Hour,
 		MaxAge:            7 * 24 * time.Hour,
 		StarvationAge:     24 * time.Hour,

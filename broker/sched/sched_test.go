@@ -504,3 +504,23 @@ func TestPreemptingMessage(t *testing.T) {
 		t.Errorf("message\n got %q\nwant %q", r.Message, want)
 	}
 }
+
+func TestEmpty(t *testing.T) {
+	for name, s := range map[string]*Snapshot{
+		"no nodes, no jobs":     snap(nil, nil),
+		"a job and no nodes":    snap(nil, jobs(MakeJob("a"))),
+		"nodes and no jobs":     snap(nodes(MakeNode("n1")), nil),
+		"a node with no cards":  snap(nodes(MakeNode("n1").GPUs(0)), jobs(MakeJob("a"))),
+		"a job asking for none": snap(nodes(MakeNode("n1")), jobs(MakeJob("a").GPUs(0))),
+	} {
+		plan := Schedule(s)
+		if len(plan.Starts) != 0 {
+			t.Errorf("%s: started %v", name, plan.Starts)
+		}
+		for _, pe := range plan.Pending {
+			if pe.Reason.Code != ReasonNoFit {
+				t.Errorf("%s: %s pending with %+v, want no_fit", name, pe.Job, pe.Reason)
+			}
+		}
+	}
+}
