@@ -257,7 +257,10 @@ type Scheduler struct {
 // New returns a Scheduler.
 func New() *Scheduler { return &Scheduler{} }
 
-// Schedule computes one cycle's plan from s.
+// Schedule computes one cycle's plan from s. The backing arrays of the
+// plan's Pending and BurstDemand belong to the Scheduler and are reused by
+// its next Schedule call: copy what must outlive the cycle (the values
+// themselves — strings, times — stay valid).
 func (sc *Scheduler) Schedule(s *Snapshot) Plan {
 	c := &sc.c
 	c.reset(s)
