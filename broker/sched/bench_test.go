@@ -30,6 +30,13 @@ func benchSnapshot() *Snapshot {
 	return s
 }
 
+// reportCPU reports the process CPU time per op since cpu0.
+func reportCPU(b *testing.B, cpu0 time.Duration) {
+	if cpu := processCPU(); cpu > 0 {
+		b.ReportMetric(float64(cpu-cpu0)/float64(b.N)/1e6, "cpu-ms/op")
+	}
+}
+
 func reportHeap(b *testing.B, keep any) {
 	runtime.GC()
 	var ms runtime.MemStats
@@ -47,25 +54,45 @@ func BenchmarkFullCycle(b *testing.B) {
 	starts := 0
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := processCPU()
 	for b.Loop() {
 		starts = len(sc.Schedule(s).Starts)
 	}
+	reportCPU(b, cpu0)
 	b.ReportMetric(float64(starts), "starts/op")
 	b.ReportMetric(float64(starts)*float64(b.N)/b.Elapsed().Seconds(), "placements/s")
 	reportHeap(b, s)
 }
 
-// BenchmarkFullCycleBusy is one cycle over a full cluster (the first
-// cycle's starts running) with the remaining ~96,000 jobs pending.
-func BenchmarkFullCycleBusy(b *testing.B) {
+// busyBenchSnapshot is benchSnapshot after its first cycle: the starts
+// running, each since a random point within its timeout (as in a cluster
+// that has been up for a while), the other ~96,000 jobs pending.
+func busyBenchSnapshot() *Snapshot {
 	s := benchSnapshot()
 	applyPlan(s, Schedule(s))
+	rng := rand.New(rand.NewPCG(3, 3))
+	for _, j := range s.Jobs {
+		if j.State == broker.StateRunning {
+			st := s.Now.Add(-time.Duration(rng.Int64N(int64(j.Spec.Timeout))))
+			j.StartedAt = &st
+		}
+	}
+	return s
+}
+
+// BenchmarkFullCycleBusy is one cycle over a full cluster with ~96,000
+// jobs pending, a quarter of them high priority facing preemptible
+// running jobs: a storm of preemptions.
+func BenchmarkFullCycleBusy(b *testing.B) {
+	s := busyBenchSnapshot()
 	sc := New()
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := processCPU()
 	for b.Loop() {
 		sc.Schedule(s)
 	}
+	reportCPU(b, cpu0)
 	reportHeap(b, s)
 }
 
@@ -73,14 +100,14 @@ func BenchmarkFullCycleBusy(b *testing.B) {
 // changes are running jobs that end, half new submissions — and each
 // cycle's plan is carried out before the next.
 func BenchmarkSteadyState(b *testing.B) {
-	s := benchSnapshot()
-	applyPlan(s, Schedule(s))
+	s := busyBenchSnapshot()
 	rng := rand.New(rand.NewPCG(7, 7))
 	sc := New()
 	next := benchJobs
 	starts := 0
 	b.ReportAllocs()
 	b.ResetTimer()
+	var cpu time.Duration
 	for b.Loop() {
 		b.StopTimer()
 		s.Now = s.Now.Add(time.Second)
@@ -100,12 +127,17 @@ func BenchmarkSteadyState(b *testing.B) {
 			next++
 		}
 		b.StartTimer()
+		cpu0 := processCPU()
 		plan := sc.Schedule(s)
+		cpu += processCPU() - cpu0
 		b.StopTimer()
 		starts += len(plan.Starts)
 		applyPlan(s, plan)
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(starts)/float64(b.N), "starts/op")
+	if cpu > 0 {
+		b.ReportMetric(float64(cpu)/float64(b.N)/1e6, "cpu-ms/op")
+	}
 	reportHeap(b, s)
 }

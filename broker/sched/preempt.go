@@ -35,12 +35,22 @@ func (r rights) any() bool {
 
 // failKey identifies jobs that would meet the same preemption result in
 // this cycle: cards only get scarcer as the cycle goes on, so a search
-// that failed for one job fails for the next with the same key.
-type failKey struct {
-	r                    rights
-	team, project, queue int32
-	g, n                 int
-	cons                 int32
+// that failed for one job fails for the next with the same key. It packs
+// the rights and the job's shape into three words.
+type failKey [3]uint64
+
+func failKeyOf(r *rights, p *pjob) failKey {
+	var flags uint64
+	for k, b := range []bool{r.latency, r.reclaim, r.projReclaim, r.queueReclaim, r.quotaOnly, r.ownProject} {
+		if b {
+			flags |= 1 << uint(k)
+		}
+	}
+	return failKey{
+		uint64(uint32(r.class))<<32 | flags<<24 | uint64(uint32(p.cons))&0xffffff,
+		uint64(uint32(p.team))<<32 | uint64(uint32(p.project)),
+		uint64(uint32(p.queue))<<48 | uint64(uint16(min(p.n, 0xffff)))<<32 | uint64(uint32(p.g))&0xffff<<16 | uint64(uint16(min(r.needFree, 0xffff))),
+	}
 }
 
 // rightsOf is what the job may preempt; over > 0 when it is at its quota
@@ -145,7 +155,7 @@ func (c *cycle) bestOnNode(i int32, p *pjob, r *rights, g int, bound *vcost) (vc
 		return vcost{}, nil, true
 	}
 	cands := c.scratch.victims[:0]
-	lb := vcost{protected: 1, lost: -1, count: 1}
+	lb := vcost{protected: 1, lost: -1, count: 1, freed: max(1, need)}
 	for _, h := range nd.holders {
 		v := &c.running[h.job]
 		rule, prot := c.eligible(p, r, v)
@@ -302,7 +312,7 @@ func (c *cycle) tryPreempt(pi int32, r rights) int64 {
 	if c.preemptible == 0 || !r.any() || p.g <= 0 {
 		return 0
 	}
-	key := failKey{r: r, team: p.team, project: p.project, queue: p.queue, g: p.g, n: p.n, cons: p.cons}
+	key := failKeyOf(&r, p)
 	if c.failed[key] {
 		return 0
 	}
@@ -391,8 +401,13 @@ func (c *cycle) preemptOnNode(i int32, p *pjob, r *rights, byClassOnly bool, bes
 	if nd.pMin >= r.class && (byClassOnly || (r.latency && !r.reclaim && !r.projReclaim && !r.queueReclaim && !nd.pBatch)) {
 		return nodePick{}, false
 	}
-	if best != nil && best.cost.protected == 0 && nd.pLost > best.cost.lost {
-		return nodePick{}, false
+	if best != nil {
+		// The best this node could offer: one unprotected victim losing
+		// its cheapest holder's work and freeing just what is missing.
+		ideal := vcost{lost: nd.pLost, count: 1, freed: max(1, p.g-nd.free-nd.drain)}
+		if !ideal.less(best.cost) {
+			return nodePick{}, false
+		}
 	}
 	{
 		var bound *vcost

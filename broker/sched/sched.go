@@ -200,14 +200,14 @@ type Reservation struct {
 
 // BurstDemand is one pending job that may run on rented capacity
 // (burst: allowed or prefer), with what it needs; the burst controller
-// reads it. Jobs in retry backoff are not listed.
+// reads it. Entries come in scheduling order (the order jobs would start
+// on-prem), so earlier entries matter more. Jobs in retry backoff are not
+// listed; Plan.Pending has every job's full reason and position.
 type BurstDemand struct {
-	Job      string             `json:"job"`
-	Team     string             `json:"team"`
-	Project  string             `json:"project,omitempty"`
-	Queue    string             `json:"queue"`
-	Priority string             `json:"priority"`
-	Burst    broker.BurstPolicy `json:"burst"`
+	Job   string             `json:"job"`
+	Team  string             `json:"team"`
+	Queue string             `json:"queue"`
+	Burst broker.BurstPolicy `json:"burst"`
 	// GPUs per node and Nodes, as in the spec.
 	GPUs      int           `json:"gpus"`
 	Nodes     int           `json:"nodes"`
@@ -221,10 +221,9 @@ type BurstDemand struct {
 	// Waited is how long since the job last entered the queue (submit,
 	// requeue after preemption or a lost node, retry).
 	Waited time.Duration `json:"waited"`
-	// Reason is the pending reason code on-prem; Position its place in
-	// its queue; EstimatedStart the on-prem estimate, if any.
+	// Reason is the job's pending reason code on-prem; EstimatedStart
+	// the on-prem estimate, if any.
 	Reason         string     `json:"reason"`
-	Position       int        `json:"position"`
 	EstimatedStart *time.Time `json:"estimatedStart,omitempty"`
 }
 

@@ -524,3 +524,21 @@ func TestEmpty(t *testing.T) {
 		}
 	}
 }
+
+func TestClaimsCountAgainstQuota(t *testing.T) {
+	runCases(t, map[string]schedCase{
+		"a job waiting for released cards holds its team's quota for the cycle": {
+			nodes: []*NodeWrapper{MakeNode("n1").GPUs(4), MakeNode("n2").GPUs(4)},
+			policy: func(p *Policy) {
+				p.Teams = map[string]TeamPolicy{"nlp": {Quota: &Quota{GPUs: 4, BorrowLimit: intp(0)}}}
+			},
+			jobs: []*JobWrapper{
+				MakeJob("leaving").Team("vision").GPUs(4).On("n1", 0, 1, 2, 3).Stopping("cancelled", 10*time.Second),
+				MakeJob("busy").Team("vision").GPUs(2).On("n2", 0, 1),
+				MakeJob("first").GPUs(4).Waited(time.Hour),
+				MakeJob("second").GPUs(2),
+			},
+			want: outcome{Pending: map[string]string{"first": ReasonReleasing, "second": ReasonQuota}},
+		},
+	})
+}

@@ -35,6 +35,7 @@ func (c *cycle) walk() {
 			if at := c.tryPreempt(pi, c.rightsOf(p, over, project)); at > 0 {
 				code, est = ReasonPreempting, at
 				c.preemptingText(p)
+				c.addUse(p.team, p.project, p.queue, p.g*p.n)
 			} else {
 				code = ReasonQuota
 				c.quotaText(p, project)
@@ -42,8 +43,11 @@ func (c *cycle) walk() {
 		case c.tryStart(pi):
 			continue
 		default:
+			// A job that waits for cards kept for it counts against its
+			// quota and queue for the rest of the cycle, as if started.
 			if at := c.tryClaim(pi); at > 0 {
 				code, est = ReasonReleasing, at
+				c.addUse(p.team, p.project, p.queue, p.g*p.n)
 				c.msg = append(c.msg, "waiting for "...)
 				c.msg = c.appendNeed(c.msg, p)
 				c.msg = append(c.msg, " being released by stopping jobs"...)
@@ -53,6 +57,7 @@ func (c *cycle) walk() {
 			if at := c.tryPreempt(pi, c.rightsOf(p, 0, false)); at > 0 {
 				code, est = ReasonPreempting, at
 				c.preemptingText(p)
+				c.addUse(p.team, p.project, p.queue, p.g*p.n)
 				break
 			}
 			code, est, estByReservation = c.blocked(pi, miss, sawBackfill)
@@ -77,21 +82,17 @@ func (c *cycle) walk() {
 		c.plan.Pending = append(c.plan.Pending, Pending{Job: p.id, Queue: qname,
 			Reason: broker.PendingReason{Code: code, Position: int(pos[p.queue]), EstimatedStart: estT}})
 		if code != ReasonBackoff && p.burst != burstNever {
-			c.plan.BurstDemand = append(c.plan.BurstDemand, c.burstDemand(p, code, int(pos[p.queue]), estT))
+			c.plan.BurstDemand = append(c.plan.BurstDemand, c.burstDemand(p, code, estT))
 		}
 	}
 }
 
-func (c *cycle) burstDemand(p *pjob, code string, pos int, est *time.Time) BurstDemand {
-	project := ""
-	if p.project >= 0 {
-		project = c.projects[p.project].name
-	}
+func (c *cycle) burstDemand(p *pjob, code string, est *time.Time) BurstDemand {
 	return BurstDemand{
-		Job: p.id, Team: c.teams[p.team].name, Project: project, Queue: c.queues[p.queue].name, Priority: c.tqps[p.tqp].priority,
-		Burst: p.burst.policy(), GPUs: p.g, Nodes: p.n, GPUModel: c.cons[p.cons].key.model, GPUMemory: p.gpuMem, CPU: p.cpu, Memory: p.mem,
+		Job: p.id, Team: c.teams[p.team].name, Queue: c.queues[p.queue].name, Burst: p.burst.policy(),
+		GPUs: p.g, Nodes: p.n, GPUModel: c.cons[p.cons].key.model, GPUMemory: p.gpuMem, CPU: p.cpu, Memory: p.mem,
 		Timeout: time.Duration(p.timeout), Preemptible: p.preemptible, Waited: time.Duration(c.nowNs - p.since),
-		Reason: code, Position: pos, EstimatedStart: est,
+		Reason: code, EstimatedStart: est,
 	}
 }
 
