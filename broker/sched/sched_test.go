@@ -452,7 +452,7 @@ func TestReasons(t *testing.T) {
 		{Job: "second", Queue: "default", Reason: broker.PendingReason{Code: ReasonResources, Position: 2,
 			Message: "waiting for 8 GPUs on one node; 2nd in queue default"}},
 		{Job: "third", Queue: "default", Reason: broker.PendingReason{Code: ReasonBackfill, Position: 3,
-			Message: "fits now but would delay job head, reserved for 12:50 UTC; waiting for 2 GPUs on one node; 3rd in queue default"}},
+			Message: "starting now would delay job head, reserved for 12:50 UTC; waiting for 2 GPUs on one node; 3rd in queue default"}},
 		{Job: "capped", Queue: "default", Reason: broker.PendingReason{Code: ReasonQuota, Position: 4,
 			Message: "team vision at quota 0/0 GPUs (borrow limit reached); 4th in queue default"}},
 		{Job: "model", Queue: "default", Reason: broker.PendingReason{Code: ReasonNoFit, Position: 5,
@@ -539,6 +539,59 @@ func TestClaimsCountAgainstQuota(t *testing.T) {
 				MakeJob("second").GPUs(2),
 			},
 			want: outcome{Pending: map[string]string{"first": ReasonReleasing, "second": ReasonQuota}},
+		},
+	})
+}
+
+func TestPreemptionInteractions(t *testing.T) {
+	runCases(t, map[string]schedCase{
+		"borrowed capacity is reclaimed first, even when it loses more work": {
+			nodes: []*NodeWrapper{MakeNode("n1").GPUs(2), MakeNode("n2").GPUs(2)},
+			policy: func(p *Policy) {
+				p.Teams = map[string]TeamPolicy{"nlp": {Quota: &Quota{GPUs: 4}}}
+			},
+			jobs: []*JobWrapper{
+				MakeJob("own").GPUs(2).Priority("low").Preemptible().On("n1", 0, 1).Started(time.Minute),
+				MakeJob("borrowed").Team("vision").GPUs(2).Priority("low").Preemptible().Timeout(24*time.Hour).On("n2", 0, 1).Started(5 * time.Hour),
+				MakeJob("high").GPUs(2).Priority("high"),
+			},
+			want: outcome{Stops: map[string]string{"borrowed": StopPreempted},
+				Pending: map[string]string{"high": ReasonPreempting}},
+		},
+		"a project under its guarantee takes it back from a sibling project": {
+			nodes: []*NodeWrapper{MakeNode("n1").GPUs(4)},
+			policy: func(p *Policy) {
+				p.Teams = map[string]TeamPolicy{"nlp": {Projects: map[string]Quota{"chat": {GPUs: 2}, "search": {GPUs: 2}}}}
+			},
+			jobs: []*JobWrapper{
+				MakeJob("s1").Project("search").GPUs(2).Preemptible().On("n1", 0, 1),
+				MakeJob("s2").Project("search").GPUs(2).Preemptible().On("n1", 2, 3),
+				MakeJob("chat").Project("chat").GPUs(2),
+			},
+			want: outcome{Stops: map[string]string{"s1": StopPreempted},
+				Pending: map[string]string{"chat": ReasonPreempting}},
+		},
+		"a gang preempts on every node it needs, or not at all": {
+			nodes: []*NodeWrapper{MakeNode("n1").GPUs(2), MakeNode("n2").GPUs(2), MakeNode("n3").GPUs(2)},
+			jobs: []*JobWrapper{
+				MakeJob("a").GPUs(2).Priority("low").Preemptible().On("n1", 0, 1),
+				MakeJob("b").GPUs(2).Priority("low").Preemptible().On("n2", 0, 1),
+				MakeJob("c").GPUs(2).Priority("high").On("n3", 0, 1),
+				MakeJob("gang").GPUs(2).Nodes(2).Priority("high"),
+				MakeJob("gang3").GPUs(2).Nodes(3).Priority("medium").Waited(time.Hour),
+			},
+			want: outcome{Stops: map[string]string{"a": StopPreempted, "b": StopPreempted},
+				Pending: map[string]string{"gang": ReasonPreempting, "gang3": ReasonGang}},
+		},
+		"preemption never takes a reserved node the head needs": {
+			nodes: []*NodeWrapper{MakeNode("n1").GPUs(4)},
+			jobs: []*JobWrapper{
+				MakeJob("run").GPUs(2).On("n1", 0, 1),
+				MakeJob("low").GPUs(2).Priority("low").Preemptible().Timeout(30*time.Minute).On("n1", 2, 3),
+				MakeJob("head").GPUs(4).Priority("high").Waited(time.Hour),
+				MakeJob("medium").GPUs(2).Priority("medium").Timeout(2 * time.Hour),
+			},
+			want: outcome{Pending: map[string]string{"head": ReasonResources, "medium": ReasonBackfill}},
 		},
 	})
 }

@@ -53,14 +53,16 @@ func (c *cycle) walk() {
 				c.msg = append(c.msg, " being released by stopping jobs"...)
 				break
 			}
-			miss, sawBackfill := c.miss, c.sawBackfill
+			miss := c.miss
 			if at := c.tryPreempt(pi, c.rightsOf(p, 0, false)); at > 0 {
 				code, est = ReasonPreempting, at
 				c.preemptingText(p)
 				c.addUse(p.team, p.project, p.queue, p.g*p.n)
 				break
 			}
-			code, est, estByReservation = c.blocked(pi, miss, sawBackfill)
+			// sawBackfill now says whether placing, claiming or preempting
+			// was refused for the head's reservation.
+			code, est, estByReservation = c.blocked(pi, miss, c.sawBackfill)
 		}
 		pos[p.queue]++
 		qname := c.queues[p.queue].name
@@ -226,7 +228,7 @@ func (c *cycle) blocked(pi int32, miss miss, sawBackfill bool) (code string, est
 		c.msg = c.appendNeed(c.msg, p)
 	case c.resv.active && (miss == missBackfill || sawBackfill):
 		code = ReasonBackfill
-		c.msg = append(c.msg, "fits now but would delay job "...)
+		c.msg = append(c.msg, "starting now would delay job "...)
 		c.msg = append(c.msg, c.pending[c.resv.job].id...)
 		c.msg = append(c.msg, ", reserved for "...)
 		c.msg = appendClock(c.msg, c.resv.at, c.nowNs)
