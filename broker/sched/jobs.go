@@ -52,8 +52,13 @@ type cycle struct {
 	pending []pjob
 	keys    []sortKey
 	sizeRef int
-	// preemptible counts running jobs that could be preempted.
+	// preemptible counts running jobs that could be preempted; pMinClass
+	// is the lowest class among those loaded with the snapshot and pBatch
+	// whether one of them is in a batch queue (bounds: victims only
+	// leave during a cycle).
 	preemptible int
+	pMinClass   int32
+	pBatch      bool
 
 	plan        Plan
 	pendBuf     []Pending
@@ -232,7 +237,7 @@ func (c *cycle) reset(s *Snapshot) {
 	c.drainNodes = 0
 	c.msg = c.msg[:0]
 	c.resv = reservation{nodes: c.resv.nodes[:0]}
-	c.unmetTotal, c.preemptible = 0, 0
+	c.unmetTotal, c.preemptible, c.pMinClass, c.pBatch = 0, 0, 0, false
 }
 
 func (c *cycle) teamOf(name string) int32 {
@@ -397,6 +402,7 @@ func heldSince(j *broker.Job, now time.Time) time.Time {
 func (c *cycle) loadJobs() {
 	s := c.s
 	c.consOf("", 0, false) // constraint 0: any node
+	c.pending = slices.Grow(c.pending, len(s.Jobs))
 	// Queues with a reservation count even when none of their jobs exist.
 	names := c.scratch.names[:0]
 	for name, q := range c.pol.Queues {
@@ -508,6 +514,10 @@ func (c *cycle) addRunning(j *broker.Job) {
 		}
 		c.queues[q].stopping += r.total
 	} else if r.preemptible {
+		if c.preemptible == 0 || r.class < c.pMinClass {
+			c.pMinClass = r.class
+		}
+		c.pBatch = c.pBatch || !r.latency
 		c.preemptible++
 	}
 }

@@ -29,8 +29,14 @@ type rights struct {
 	needFree   int
 }
 
-func (r rights) any() bool {
-	return r.class > 0 || r.latency || r.reclaim || r.projReclaim || r.queueReclaim || r.quotaOnly
+// possible reports whether any running job could be a victim under r:
+// a lower class than the job's exists among preemptible jobs (for the
+// priority and quota rules), a batch one (latency), or r reclaims.
+func (c *cycle) possible(r *rights) bool {
+	if c.preemptible == 0 {
+		return false
+	}
+	return r.class > c.pMinClass || (r.latency && c.pBatch) || r.reclaim || r.projReclaim || r.queueReclaim
 }
 
 // failKey identifies jobs that would meet the same preemption result in
@@ -309,7 +315,7 @@ type nodePick struct {
 // not then fit.
 func (c *cycle) tryPreempt(pi int32, r rights) int64 {
 	p := &c.pending[pi]
-	if c.preemptible == 0 || !r.any() || p.g <= 0 {
+	if p.g <= 0 || !c.possible(&r) {
 		return 0
 	}
 	key := failKeyOf(&r, p)

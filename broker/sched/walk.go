@@ -17,8 +17,9 @@ func (c *cycle) walk() {
 		pos = append(pos, 0)
 	}
 	c.scratch.pos = pos
-	c.plan = Plan{Pending: slices.Grow(c.pendBuf[:0], len(c.pending)), BurstDemand: c.burstBuf[:0]}
-	c.offs = c.offs[:0]
+	c.plan = Plan{Pending: slices.Grow(c.pendBuf[:0], len(c.pending)), BurstDemand: slices.Grow(c.burstBuf[:0], len(c.pending))}
+	c.offs = slices.Grow(c.offs[:0], 2*len(c.pending))
+	c.msg = slices.Grow(c.msg, 72*len(c.pending))
 	for k := range c.pending {
 		pi := int32(k)
 		p := &c.pending[pi]
