@@ -2,7 +2,6 @@ package sched
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -155,7 +154,7 @@ func (w *NodeWrapper) Unhealthy(card int) *NodeWrapper {
 	return w
 }
 
-// NVLinkPairs gives the node a topology where cards in the same group of
+// NVLinkGroups gives the node a topology where cards in the same group of
 // size are NVLinked and all others are across NUMA nodes.
 func (w *NodeWrapper) NVLinkGroups(size int) *NodeWrapper {
 	topo := make([][]gpu.Link, w.gpus)
@@ -265,13 +264,3 @@ func reasonOf(t *testing.T, p Plan, job string) broker.PendingReason {
 }
 
 func intp(v int) *int { return &v }
-
-// sortedIDs lists a plan's started job ids.
-func startedIDs(p Plan) []string {
-	var out []string
-	for _, s := range p.Starts {
-		out = append(out, s.Job)
-	}
-	slices.Sort(out)
-	return out
-}

@@ -112,8 +112,9 @@ func (l *usageLedger) release(old, now *broker.Job) {
 }
 
 // advance counts usage up to now: attempts released since the last
-// advance, and every job still holding cards.
-func (l *usageLedger) advance(now time.Time, jobs map[string]*broker.Job) {
+// advance, and every job still holding cards — found through byNode (node
+// → holding job ids), each node's share of a job counted by its cards.
+func (l *usageLedger) advance(now time.Time, jobs map[string]*broker.Job, byNode map[string]map[string]bool) {
 	if now.Before(l.at) {
 		return
 	}
@@ -132,16 +133,20 @@ func (l *usageLedger) advance(now time.Time, jobs map[string]*broker.Job) {
 		add(sp.team, sp.gpus, sp.from, sp.to)
 	}
 	l.released = l.released[:0]
-	for _, j := range jobs {
-		if !j.State.Holding() {
-			continue
-		}
-		from := heldFrom(j)
-		if from.Before(l.at) {
-			from = l.at
-		}
-		if now.After(from) {
-			add(j.Spec.Team, j.TotalGPUs(), from, now)
+	for node, ids := range byNode {
+		for id := range ids {
+			j := jobs[id]
+			if j == nil || !j.State.Holding() {
+				continue
+			}
+			p, _, _ := placedOn(j, node)
+			from := heldFrom(j)
+			if from.Before(l.at) {
+				from = l.at
+			}
+			if now.After(from) && len(p.GPUs) > 0 {
+				add(j.Spec.Team, len(p.GPUs), from, now)
+			}
 		}
 	}
 	l.at = now

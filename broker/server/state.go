@@ -141,7 +141,7 @@ func (s *Server) Cycle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sc.ledger.advance(now, s.jobs)
+	sc.ledger.advance(now, s.jobs, s.byNode)
 	snap := s.snapshotLocked(now)
 	t0 := time.Now()
 	plan := sc.core.Schedule(snap)
