@@ -96,7 +96,11 @@ func start(t *testing.T, name string, args ...string) *proc {
 		close(p.done)
 	}()
 	t.Cleanup(func() {
-		p.kill()
+		// A clean stop first: an agent stops its jobs on the way out, so
+		// no test leaves processes holding simulated cards for the next.
+		if p.stop(10*time.Second) != nil {
+			p.kill()
+		}
 		if t.Failed() {
 			t.Logf("--- %s output ---\n%s", name, p.output())
 		}

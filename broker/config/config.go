@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 )
 
@@ -40,8 +42,15 @@ type Config struct {
 	Priorities []Priority `json:"priorities,omitempty"`
 	// Teams sets fair-share weights and quotas per team; a team that is
 	// not listed has share 1 and no quota (no guarantee, no limit).
-	Teams  []Team      `json:"teams,omitempty"`
-	Agents AgentPolicy `json:"agents,omitempty"`
+	Teams     []Team      `json:"teams,omitempty"`
+	Agents    AgentPolicy `json:"agents,omitempty"`
+	Telemetry Telemetry   `json:"telemetry,omitempty"`
+	Idle      Idle        `json:"idle,omitempty"`
+	// Billing is the ledger's configuration (docs/billing.md).
+	Billing billing.Config `json:"billing,omitempty"`
+
+	// billing is Billing checked and compiled by Validate.
+	billing billing.Compiled
 }
 
 // Log configures log/slog output.
@@ -330,6 +339,7 @@ func (c *Config) applyDefaults() {
 	if c.Agents.LogLimit == 0 {
 		c.Agents.LogLimit = d.Agents.LogLimit
 	}
+	c.observeDefaults()
 }
 
 var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -446,11 +456,32 @@ func (c *Config) Validate() error {
 	if c.Agents.LogLimit < 1<<10 {
 		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
 	}
+	c.validateObserve(add)
+	if comp, err := c.Billing.Compile(); err != nil {
+		var joined interface{ Unwrap() []error }
+		errs := []error{err}
+		if errors.As(err, &joined) {
+			errs = joined.Unwrap()
+		}
+		for _, e := range errs {
+			var ce *billing.ConfigError
+			if errors.As(e, &ce) {
+				add(ce.Field, broker.CodeInvalid, "%s", ce.Message)
+			} else {
+				add("billing", broker.CodeInvalid, "%v", e)
+			}
+		}
+	} else {
+		c.billing = comp
+	}
 	if len(ve.Errors) == 0 {
 		return nil
 	}
 	return ve
 }
+
+// BillingCompiled is the billing section after Validate checked it.
+func (c *Config) BillingCompiled() billing.Compiled { return c.billing }
 
 // DefaultPriority is the class a spec gets when it names none: "medium"
 // when configured, else the middle class.

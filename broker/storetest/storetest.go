@@ -42,6 +42,7 @@ func Run(t *testing.T, h Harness) {
 		{"job listing filters and pages", testListJobs},
 		{"logs append once", testLogs},
 		{"nodes round trip", testNodes},
+		{"budget reservations never overspend", testBudgetRace},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
