@@ -204,10 +204,11 @@ type Reservation struct {
 // on-prem), so earlier entries matter more. Jobs in retry backoff are not
 // listed; Plan.Pending has every job's full reason and position.
 type BurstDemand struct {
-	Job   string             `json:"job"`
-	Team  string             `json:"team"`
-	Queue string             `json:"queue"`
-	Burst broker.BurstPolicy `json:"burst"`
+	Job      string             `json:"job"`
+	Team     string             `json:"team"`
+	Queue    string             `json:"queue"`
+	Priority string             `json:"priority"`
+	Burst    broker.BurstPolicy `json:"burst"`
 	// GPUs per node and Nodes, as in the spec.
 	GPUs      int           `json:"gpus"`
 	Nodes     int           `json:"nodes"`
@@ -219,7 +220,8 @@ type BurstDemand struct {
 	// Preemptible jobs may run on spot capacity.
 	Preemptible bool `json:"preemptible"`
 	// Waited is how long since the job last entered the queue (submit,
-	// requeue after preemption or a lost node, retry).
+	// requeue after preemption or a lost node, retry): that moment is
+	// Snapshot.Now minus Waited.
 	Waited time.Duration `json:"waited"`
 	// Reason is the job's pending reason code on-prem; EstimatedStart
 	// the on-prem estimate, if any.

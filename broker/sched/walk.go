@@ -92,7 +92,7 @@ func (c *cycle) walk() {
 
 func (c *cycle) burstDemand(p *pjob, code string, est *time.Time) BurstDemand {
 	return BurstDemand{
-		Job: p.id, Team: c.teams[p.team].name, Queue: c.queues[p.queue].name, Burst: p.burst.policy(),
+		Job: p.id, Team: c.teams[p.team].name, Queue: c.queues[p.queue].name, Priority: c.tqps[p.tqp].priority, Burst: p.burst.policy(),
 		GPUs: p.g, Nodes: p.n, GPUModel: c.cons[p.cons].key.model, GPUMemory: p.gpuMem, CPU: p.cpu, Memory: p.mem,
 		Timeout: time.Duration(p.timeout), Preemptible: p.preemptible, Waited: time.Duration(c.nowNs - p.since),
 		Reason: code, EstimatedStart: est,
