@@ -71,6 +71,9 @@ type Server struct {
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
 	schedWake chan struct{}
+	// scheduling is the scheduler core and fair-share ledger
+	// (schedule_apply.go).
+	scheduling scheduling
 }
 
 // New builds a broker over an open store and loads its state.
