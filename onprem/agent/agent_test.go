@@ -193,7 +193,7 @@ func TestLeakedGrandchildIsKilled(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
 	r.assign("leaky", 0, time.Minute, "sh", "-c",
 		fmt.Sprintf(`setsid sh -c 'echo $$ > %s; exec sleep 300' & sleep 0.3; exit 0`, pidFile))
-	rep := r.waitEnded("leaky", 15*time.Second)
+	rep := r.waitEnded("leaky", 30*time.Second)
 	if rep.ExitCode != 0 {
 		t.Fatalf("report %+v", rep)
 	}
@@ -237,13 +237,13 @@ func TestUncleanCardLeavesPool(t *testing.T) {
 	r := newRig(t)
 	r.assign("neighbour", 1, time.Minute, "sleep", "300")
 	r.assign("sharer", 1, time.Minute, "sh", "-c", "sleep 0.3")
-	r.waitEnded("sharer", 10*time.Second)
+	r.waitEnded("sharer", 30*time.Second)
 	r.assign("stuck", 0, time.Minute, "sh", "-c", "sleep 0.5")
 	time.Sleep(100 * time.Millisecond)
 	if err := r.sim.SetStuckMemory(0, 4<<30); err != nil {
 		t.Fatal(err)
 	}
-	r.waitEnded("stuck", 10*time.Second)
+	r.waitEnded("stuck", 30*time.Second)
 	deadline := time.Now().Add(3 * time.Second)
 	var unhealthy map[int]string
 	for time.Now().Before(deadline) {
