@@ -84,6 +84,10 @@ type Job struct {
 	Machine string `json:"machine,omitempty"`
 	// Why is the scheduler's pending reason code.
 	Why string `json:"why,omitempty"`
+	// MinWait, when positive, replaces the queue's and the policy's
+	// minimum wait for this job alone: per-job waiting policies (the
+	// simulator's Starburst policies) set it.
+	MinWait time.Duration `json:"minWait,omitempty"`
 }
 
 // MachineState is where a burst machine is in its life.
@@ -299,6 +303,9 @@ func Decide(in *Input) Decision {
 		minWait := p.MinWait
 		if q.MinWait > 0 {
 			minWait = q.MinWait
+		}
+		if j.MinWait > 0 {
+			minWait = j.MinWait
 		}
 		waited := in.Now.Sub(j.WaitingSince)
 		missesTarget := q.WaitTarget > 0 && j.EstimatedStart != nil && j.EstimatedStart.Sub(j.WaitingSince) > q.WaitTarget

@@ -128,6 +128,24 @@ func TestWaitTargetSkipsMinimumWait(t *testing.T) {
 	}
 }
 
+func TestPerJobMinWait(t *testing.T) {
+	long := mk("long").waited(10 * time.Minute).obj()
+	long.MinWait = time.Hour
+	short := mk("short").waited(30 * time.Second).team("vision").obj()
+	short.MinWait = 10 * time.Second
+	plain := mk("plain").waited(time.Minute).team("infra").obj()
+	d := Decide(input(90, long, short, plain))
+	if got := launched(d); len(got) != 1 || len(got["gcp/us-east-1//a3-highgpu-1g/on-demand"]) != 1 || got["gcp/us-east-1//a3-highgpu-1g/on-demand"][0] != "short" {
+		t.Fatalf("only the job past its own 10s minimum should go: launches %v, reasons %v", got, d.Reasons)
+	}
+	if r := d.Reasons["long"]; r.Code != CodeMinWait || !strings.Contains(r.Message, "of the 1h minimum") {
+		t.Fatalf("a job's own minimum wait replaces the policy's: %+v", r)
+	}
+	if r := d.Reasons["plain"]; r.Code != CodeMinWait || !strings.Contains(r.Message, "of the 2m minimum") {
+		t.Fatalf("a job without its own minimum keeps the policy's: %+v", r)
+	}
+}
+
 func TestOfferChoice(t *testing.T) {
 	cases := []struct {
 		name string
