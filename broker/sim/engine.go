@@ -1,0 +1,547 @@
+// Package sim is `spillway sim`: it replays a job trace through the real
+// scheduler core (broker/sched) and the real burst decision
+// (broker/burst) on a virtual clock, with simulated on-prem nodes,
+// agents and providers, and reports what each burst policy would have
+// cost and how long jobs would have waited.
+//
+// The replay is a discrete-event loop on one goroutine. Events are job
+// arrivals, job ends (start + remaining work), checkpointed exits of
+// preempted jobs, burst machines becoming ready (launch + a drawn lead
+// time) and timers (a minimum wait running out, an idle machine reaching
+// its TTL, an offer's capacity backoff ending, a job reaching the
+// starvation age, a month's budget resetting). After the events of one
+// instant, one cycle runs, as the broker runs one after a submit or a
+// freed GPU: fair-share usage advanced, a snapshot, sched.Schedule, the
+// plan applied the way broker/server applies it, then burst.Decide on
+// the plan's burst demand and its decision carried out. Randomness (lead
+// times, capacity failures) comes from generators seeded by Options.Seed,
+// so a seed gives the same report to the bit. docs/sim.md has the model
+// and what it leaves out.
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/sched"
+)
+
+// Options are a run's settings besides the trace, cluster and policy.
+type Options struct {
+	// Seed seeds lead times and capacity failures.
+	Seed uint64
+	// RecordStarts keeps every start in Result.Starts, in order.
+	RecordStarts bool
+}
+
+// Start is one start of a job, as the simulator decided it.
+type Start struct {
+	Job     string    `json:"job"`
+	At      time.Time `json:"at"`
+	Attempt int       `json:"attempt"`
+	// Nodes the job was placed on.
+	Nodes []string `json:"nodes"`
+	// Burst is true on a burst machine.
+	Burst bool `json:"burst,omitempty"`
+}
+
+// sjob is one trace job during the replay.
+type sjob struct {
+	t *Job
+	j *broker.Job
+	// live is the job's index in engine.live (-1 before arrival and after
+	// its end).
+	live int
+	// remaining is the work left; it shrinks when a preempted attempt
+	// checkpoints.
+	remaining time.Duration
+	// runFrom is when the current attempt took its cards.
+	runFrom    time.Time
+	firstStart time.Time
+	onPrem     int      // GPUs of the current attempt on on-prem nodes
+	on         *machine // burst machine of the current attempt
+	// bound is the in-flight burst machine the job waits for.
+	bound         *machine
+	minWait       time.Duration
+	preemptions   int
+	burstStarts   int
+	budgetBlocked bool
+}
+
+type evKind uint8
+
+const (
+	evFinish  evKind = iota // a job's work is done
+	evStopped               // a stopped job has checkpointed and exited
+	evReady                 // a burst machine's agent registered
+	evWake                  // a timer
+)
+
+type event struct {
+	at      time.Time
+	seq     uint64
+	kind    evKind
+	job     *sjob
+	attempt int
+	m       *machine
+}
+
+// engine is one replay.
+type engine struct {
+	c      *Cluster
+	pol    Policy
+	policy sched.Policy
+	core   *sched.Scheduler
+	opt    Options
+	lead   *rand.Rand
+	capRNG *rand.Rand
+
+	now    time.Time
+	events []event
+	seq    uint64
+	// wakeAt is the armed timer; nextWake collects the earliest wanted
+	// during a cycle.
+	wakeAt   time.Time
+	nextWake time.Time
+
+	jobs    []*sjob
+	byID    map[string]*sjob
+	next    int // next job to arrive
+	live    []*sjob
+	pending int
+	// timeoutDue is set by a timer at a running job's timeout.
+	timeoutDue bool
+
+	nodes      []*broker.Node
+	onPremGPUs int
+	onPremHeld int
+	largest    int
+
+	// alive are the machines not yet ended, in id order; nMachines counts
+	// launches.
+	alive     []*machine
+	nMachines int
+	byNode    map[string]*machine
+	active    bool
+	offerDown map[string]time.Time
+	// committed is spent + reserved per month (UTC) and scope.
+	committed map[time.Time]map[string]billing.Amount
+	usage     usageLedger
+
+	snap sched.Snapshot
+	bin  burstInput
+	rec  recorder
+	res  *Result
+}
+
+// Run replays tr on cluster c under policy p.
+func Run(tr *Trace, c *Cluster, p Policy, opt Options) (*Result, error) {
+	e, err := newEngine(tr, c, p, opt)
+	if err != nil {
+		return nil, err
+	}
+	e.loop()
+	return e.finish(), nil
+}
+
+func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
+	if len(tr.Jobs) == 0 {
+		return nil, fmt.Errorf("the trace has no jobs (in the window)")
+	}
+	queues, prios := map[string]bool{}, map[string]bool{}
+	for _, q := range c.Config.Queues {
+		queues[q.Name] = true
+	}
+	for _, pr := range c.Config.Priorities {
+		prios[pr.Name] = true
+	}
+	if err := tr.Validate(queues, prios); err != nil {
+		return nil, err
+	}
+	e := &engine{
+		c: c, pol: p, policy: c.Config.Policy(), core: sched.New(), opt: opt,
+		lead:   rand.New(rand.NewPCG(opt.Seed, 0x6c656164)), // "lead"
+		capRNG: rand.New(rand.NewPCG(opt.Seed, 0x63617061)), // "capa"
+		byID:   make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
+		offerDown: map[string]time.Time{}, committed: map[time.Time]map[string]billing.Amount{},
+		largest: c.LargestNode(), res: &Result{Policy: p.Name},
+	}
+	start := tr.Jobs[0].Submit
+	e.now = start
+	e.nodes = c.nodes(start)
+	e.onPremGPUs = c.OnPremGPUs()
+	e.usage = newUsageLedger(e.policy.FairShareHalfLife, start)
+	nodeCount := 0
+	for _, g := range c.Groups {
+		nodeCount += g.Count
+	}
+	waits := jobWaits(p.Wait, tr.Jobs)
+	for i := range tr.Jobs {
+		t := &tr.Jobs[i]
+		if _, dup := e.byID[t.ID]; dup {
+			return nil, fmt.Errorf("job id %s appears twice in the trace", t.ID)
+		}
+		per, n := Shape(t.GPUs, e.largest)
+		if n > nodeCount {
+			return nil, fmt.Errorf("job %s needs %d nodes of %d GPUs; the cluster has %d nodes", t.ID, n, per, nodeCount)
+		}
+		sj := &sjob{t: t, live: -1, remaining: t.Duration, minWait: waits[t.ID]}
+		e.jobs = append(e.jobs, sj)
+		e.byID[t.ID] = sj
+	}
+	e.rec.init(start, tr.Jobs[len(tr.Jobs)-1].Submit)
+	return e, nil
+}
+
+// push schedules an event.
+func (e *engine) push(ev event) {
+	e.seq++
+	ev.seq = e.seq
+	e.events = append(e.events, ev)
+	// sift up
+	i := len(e.events) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !e.before(i, p) {
+			break
+		}
+		e.events[i], e.events[p] = e.events[p], e.events[i]
+		i = p
+	}
+}
+
+func (e *engine) before(i, k int) bool {
+	a, b := &e.events[i], &e.events[k]
+	if c := a.at.Compare(b.at); c != 0 {
+		return c < 0
+	}
+	return a.seq < b.seq
+}
+
+func (e *engine) pop() event {
+	top := e.events[0]
+	last := len(e.events) - 1
+	e.events[0] = e.events[last]
+	e.events = e.events[:last]
+	i := 0
+	for {
+		l, r := 2*i+1, 2*i+2
+		m := i
+		if l < last && e.before(l, m) {
+			m = l
+		}
+		if r < last && e.before(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		e.events[i], e.events[m] = e.events[m], e.events[i]
+		i = m
+	}
+	return top
+}
+
+// nextTime is the time of the next arrival or event; false when nothing
+// is left.
+func (e *engine) nextTime() (time.Time, bool) {
+	var t time.Time
+	ok := false
+	if e.next < len(e.jobs) {
+		t, ok = e.jobs[e.next].t.Submit, true
+	}
+	if len(e.events) > 0 && (!ok || e.events[0].at.Before(t)) {
+		t, ok = e.events[0].at, true
+	}
+	return t, ok
+}
+
+// loop runs the replay: the events of each instant, then one cycle.
+func (e *engine) loop() {
+	for {
+		t, ok := e.nextTime()
+		if !ok {
+			return
+		}
+		e.now = t
+		effective := false
+		for e.next < len(e.jobs) && e.jobs[e.next].t.Submit.Equal(t) {
+			e.arrive(e.jobs[e.next])
+			e.next++
+			effective = true
+		}
+		for len(e.events) > 0 && e.events[0].at.Equal(t) {
+			if e.handle(e.pop()) {
+				effective = true
+			}
+		}
+		if effective {
+			e.cycle()
+		}
+		if e.next == len(e.jobs) && len(e.live) == 0 && len(e.alive) == 0 {
+			return
+		}
+	}
+}
+
+// arrive submits a job, as the API does after Normalize.
+func (e *engine) arrive(sj *sjob) {
+	t := sj.t
+	per, n := Shape(t.GPUs, e.largest)
+	q, _ := e.c.Config.Queue(t.Queue)
+	timeout := min(DeclaredTimeout(t.Duration), q.MaxTimeout.D())
+	sj.j = &broker.Job{
+		ID: t.ID, User: "sim", State: broker.StatePending, SubmittedAt: e.now,
+		Spec: broker.Spec{
+			Name: t.ID, Team: t.Team, Queue: t.Queue, Priority: t.Priority,
+			Resources: broker.Resources{GPUs: per, Nodes: n},
+			Timeout:   broker.Duration(timeout), RestartPolicy: broker.RestartNever,
+			Preemptible: e.c.Preemptible[t.Priority],
+			Checkpoint:  broker.Checkpoint{Signal: "SIGTERM", Grace: broker.Duration(e.c.CheckpointGrace)},
+			Burst:       broker.BurstAllowed, Command: []string{"sim"},
+		},
+		History: []broker.Transition{{At: e.now, To: broker.StatePending, Reason: "submitted", Detail: "by sim"}},
+	}
+	sj.live = len(e.live)
+	e.live = append(e.live, sj)
+	e.pending++
+}
+
+// handle applies one event; it reports whether a cycle should follow.
+func (e *engine) handle(ev event) bool {
+	switch ev.kind {
+	case evFinish:
+		sj := ev.job
+		if sj.j.Attempt != ev.attempt || !sj.j.State.Holding() {
+			return false
+		}
+		e.release(sj)
+		sj.j.Transit(e.now, broker.StateSucceeded, "exited", "exit code 0")
+		e.retire(sj)
+		return true
+	case evStopped:
+		sj := ev.job
+		if sj.j.Attempt != ev.attempt || !sj.j.State.Holding() || sj.j.Stop == nil {
+			return false
+		}
+		stop := sj.j.Stop
+		e.release(sj)
+		if stop.Reason == sched.StopTimedOut {
+			sj.j.Transit(e.now, broker.StateTimedOut, "timed_out", fmt.Sprintf("ran past its timeout of %s", sj.j.Spec.Timeout))
+			e.retire(sj)
+			return true
+		}
+		// Preempted: the work up to the signal is saved.
+		sj.remaining -= stop.RequestedAt.Sub(sj.runFrom)
+		sj.j.Transit(e.now, broker.StatePreempted, "preempted", stop.Detail)
+		t := e.now
+		sj.j.LastCheckpointAt = &t
+		sj.j.Placements, sj.j.Stop = nil, nil
+		sj.j.Transit(e.now, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
+		e.pending++
+		return true
+	case evReady:
+		e.ready(ev.m)
+		return true
+	case evWake:
+		if ev.job != nil { // a running job's timeout
+			if ev.job.j.Attempt == ev.attempt && ev.job.j.State.Holding() {
+				e.timeoutDue = true
+				return true
+			}
+			return false
+		}
+		return ev.at.Equal(e.wakeAt)
+	}
+	return false
+}
+
+// release frees the cards of a job's current attempt.
+func (e *engine) release(sj *sjob) {
+	e.onPremHeld -= sj.onPrem
+	sj.onPrem = 0
+	gpus := sj.j.TotalGPUs()
+	if m := sj.on; m != nil {
+		m.running = removeJob(m.running, sj)
+		m.dropJob(sj)
+		m.allocs = append(m.allocs, billing.Allocation{
+			Job: sj.t.ID, Attempt: sj.j.Attempt, Team: sj.t.Team, Queue: sj.t.Queue, Pool: machinePool(m),
+			GPUModel: m.offer.GPUModel, Spot: m.offer.Spot, GPUMilli: int64(gpus) * 1000, Start: sj.runFrom, End: e.now,
+		})
+		if len(m.running) == 0 && len(m.bound) == 0 {
+			m.idleSince = e.now
+		}
+		sj.on = nil
+	}
+	e.usage.release(sj.t.Team, gpus, sj.runFrom, e.now)
+}
+
+// retire takes an ended job out of the live set. The set stays in
+// arrival order, which is id order: the scheduler sorts holding jobs by
+// id, and sorted input sorts fastest.
+func (e *engine) retire(sj *sjob) {
+	i := sj.live
+	copy(e.live[i:], e.live[i+1:])
+	e.live = e.live[:len(e.live)-1]
+	for k := i; k < len(e.live); k++ {
+		e.live[k].live = k
+	}
+	sj.live = -1
+}
+
+func removeJob(js []*sjob, sj *sjob) []*sjob {
+	for i, x := range js {
+		if x == sj {
+			return append(js[:i], js[i+1:]...)
+		}
+	}
+	return js
+}
+
+// cycle is one scheduling cycle at e.now: the scheduler core, its plan
+// applied, then the burst decision.
+func (e *engine) cycle() {
+	e.res.Cycles++
+	e.usage.advance(e.now)
+	var plan sched.Plan
+	// A cycle with nothing pending and no timeout due has an empty plan:
+	// the core is skipped, not its decision.
+	if e.pending > 0 || e.timeoutDue {
+		e.timeoutDue = false
+		e.res.SchedulerCycles++
+		e.snap.Now = e.now
+		e.snap.Policy = e.policy
+		e.snap.Nodes = e.nodes
+		e.snap.Jobs = e.snap.Jobs[:0]
+		for _, sj := range e.live {
+			e.snap.Jobs = append(e.snap.Jobs, sj.j)
+		}
+		e.snap.Usage = e.usage.values(e.snap.Usage)
+		plan = e.core.Schedule(&e.snap)
+		e.apply(&plan)
+	}
+	e.burst(&plan)
+	e.rec.sample(e)
+	e.setWake()
+}
+
+// apply carries a plan out as broker/server's applyLocked does, with
+// simulated agents that start jobs at once and report their ends.
+func (e *engine) apply(plan *sched.Plan) {
+	for _, st := range plan.Starts {
+		sj := e.byID[st.Job]
+		if sj == nil || sj.j.State != broker.StatePending {
+			continue
+		}
+		j := sj.j
+		j.Attempt++
+		j.Placements = st.Placements
+		j.Pending, j.Stop, j.NotBefore = nil, nil, nil
+		j.Transit(e.now, broker.StateStarting, "scheduled", "")
+		t := e.now
+		j.StartedAt = &t
+		j.Transit(e.now, broker.StateRunning, "started", "")
+		e.pending--
+		sj.runFrom = e.now
+		if sj.firstStart.IsZero() {
+			sj.firstStart = e.now
+		} else {
+			e.res.Resumptions++
+		}
+		if sj.bound != nil {
+			e.unbind(sj)
+		}
+		onBurst := false
+		for _, p := range st.Placements {
+			if m := e.byNode[p.Node]; m != nil {
+				if sj.on == nil {
+					sj.on = m
+					m.running = append(m.running, sj)
+					m.addJob(sj)
+					m.idleSince = time.Time{}
+				}
+				onBurst = true
+			} else {
+				sj.onPrem += len(p.GPUs)
+			}
+		}
+		e.onPremHeld += sj.onPrem
+		e.usage.hold(sj.t.Team, j.TotalGPUs())
+		if onBurst {
+			sj.burstStarts++
+		}
+		if e.opt.RecordStarts {
+			e.res.Starts = append(e.res.Starts, Start{Job: j.ID, At: e.now, Attempt: j.Attempt, Nodes: j.Nodes(), Burst: onBurst})
+		}
+		e.push(event{at: e.now.Add(sj.remaining), kind: evFinish, job: sj, attempt: j.Attempt})
+		if to := j.Spec.Timeout.D(); to > 0 && sj.remaining > to {
+			e.push(event{at: e.now.Add(to), kind: evWake, job: sj, attempt: j.Attempt})
+		}
+	}
+	for _, st := range plan.Stops {
+		sj := e.byID[st.Job]
+		if sj == nil || sj.j.Stop != nil || !sj.j.State.Holding() {
+			continue
+		}
+		j := sj.j
+		j.Stop = &broker.StopRequest{Reason: st.Reason, Detail: st.Detail, Signal: j.Spec.Checkpoint.Signal,
+			Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: e.now, By: "scheduler"}
+		if st.Reason == sched.StopPreempted {
+			sj.preemptions++
+			e.res.Preemptions++
+		}
+		e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: j.Attempt})
+	}
+}
+
+// wantWake records a time at which a timer should run a cycle.
+func (e *engine) wantWake(t time.Time) {
+	if !t.After(e.now) {
+		return
+	}
+	if e.nextWake.IsZero() || t.Before(e.nextWake) {
+		e.nextWake = t
+	}
+}
+
+// setWake arms the earliest timer that could change a decision: an idle
+// machine reaching its TTL or a machine its lifetime, an offer's capacity
+// backoff ending, a pending job reaching the starvation age, a new month
+// for jobs held by a budget (minimum waits were noted by burst).
+func (e *engine) setWake() {
+	p := e.pol.Burst
+
+	for _, m := range e.alive {
+		if m.state != burst.Ready {
+			continue
+		}
+		if p.MaxLifetime > 0 {
+			e.wantWake(m.launched.Add(p.MaxLifetime))
+		}
+		if len(m.jobIDs) == 0 && !m.idleSince.IsZero() {
+			e.wantWake(m.idleSince.Add(p.IdleTTL))
+		}
+	}
+	for _, until := range e.offerDown {
+		e.wantWake(until)
+	}
+	if age := e.policy.StarvationAge; age > 0 && e.pending > 0 {
+		for _, sj := range e.live {
+			if sj.j.State == broker.StatePending {
+				e.wantWake(sj.j.SubmittedAt.Add(age))
+			}
+		}
+	}
+	if e.res.BudgetBlockedJobs > 0 && e.pending > 0 {
+		e.wantWake(billing.MonthOf(e.now, time.UTC).To)
+	}
+	if w := e.nextWake; !w.IsZero() && !w.Equal(e.wakeAt) {
+		e.wakeAt = w
+		e.push(event{at: w, kind: evWake})
+	}
+	e.nextWake = time.Time{}
+}

@@ -1,0 +1,183 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"text/tabwriter"
+)
+
+// SweepPoint is one configuration of a sweep and what it did.
+type SweepPoint struct {
+	Policy string `json:"policy"`
+	// Family is "spillway" or "starburst-linear-cost".
+	Family string `json:"family"`
+	// MeanJCT and P95Wait in seconds; Cost is the burst cost in currency
+	// units.
+	MeanJCT       float64 `json:"meanJCT_s"`
+	P95Wait       float64 `json:"p95Wait_s"`
+	Cost          float64 `json:"cost"`
+	BurstGPUHours float64 `json:"burstGPUHours"`
+	// Frontier marks the points no other point of the family beats on
+	// both JCT and cost.
+	Frontier bool `json:"frontier"`
+}
+
+// FrontierCheck compares one Starburst point with the spillway family:
+// the cheapest spillway configuration whose mean JCT is no longer.
+type FrontierCheck struct {
+	Starburst     string  `json:"starburst"`
+	MeanJCT       float64 `json:"meanJCT_s"`
+	StarburstCost float64 `json:"starburstCost"`
+	// Spillway is the cheapest spillway point with MeanJCT at most the
+	// Starburst point's; empty when none is that fast.
+	Spillway     string  `json:"spillway,omitempty"`
+	SpillwayJCT  float64 `json:"spillwayJCT_s,omitempty"`
+	SpillwayCost float64 `json:"spillwayCost,omitempty"`
+	AtOrBelow    bool    `json:"atOrBelow"`
+}
+
+// SweepResult is a cost-versus-JCT sweep of the spillway policy's
+// threshold and minimum wait against Starburst's linear_cost over its
+// waiting budget, in one run.
+type SweepResult struct {
+	Points []SweepPoint    `json:"points"`
+	Checks []FrontierCheck `json:"checks"`
+	// AllAtOrBelow reports whether every check holds.
+	AllAtOrBelow bool `json:"allAtOrBelow"`
+}
+
+// Sweep grids.
+var (
+	sweepThresholds = []string{"0", "0.8", "0.9", "1"}
+	sweepMinWaits   = []string{"0s", "2m", "10m", "30m", "2h", "8h"}
+	sweepBudgets    = []string{"0.05", "0.1", "0.25", "0.5", "1", "2", "4"}
+)
+
+// SweepPolicies is the sweep's grid: spillway over thresholds × minimum
+// waits, and starburst-linear-cost over waiting budgets.
+func SweepPolicies(c *Cluster) ([]Policy, error) {
+	var names []string
+	for _, th := range sweepThresholds {
+		for _, mw := range sweepMinWaits {
+			names = append(names, fmt.Sprintf("%s:threshold=%s:minWait=%s", PolicySpillway, th, mw))
+		}
+	}
+	for _, b := range sweepBudgets {
+		names = append(names, fmt.Sprintf("%s:budget=%s", PolicyStarburstCost, b))
+	}
+	out := make([]Policy, 0, len(names))
+	for _, n := range names {
+		p, err := ParsePolicy(n, c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// Sweep runs the sweep grid and compares the frontiers.
+func Sweep(tr *Trace, c *Cluster, opt Options) (*SweepResult, error) {
+	pols, err := SweepPolicies(c)
+	if err != nil {
+		return nil, err
+	}
+	res, err := RunAll(tr, c, pols, opt)
+	if err != nil {
+		return nil, err
+	}
+	return Frontier(res), nil
+}
+
+// Frontier turns sweep results into points and checks: for every
+// starburst-linear-cost point, the cheapest spillway point whose mean JCT
+// is no longer must cost no more.
+func Frontier(results []*Result) *SweepResult {
+	out := &SweepResult{AllAtOrBelow: true}
+	for _, r := range results {
+		fam := r.Policy
+		for i := range fam {
+			if fam[i] == ':' {
+				fam = fam[:i]
+				break
+			}
+		}
+		out.Points = append(out.Points, SweepPoint{Policy: r.Policy, Family: fam, MeanJCT: r.JCT.Mean, P95Wait: r.Wait.P95,
+			Cost: money(r.BurstCost), BurstGPUHours: r.BurstGPUHours})
+	}
+	slices.SortStableFunc(out.Points, func(a, b SweepPoint) int {
+		if a.Family != b.Family {
+			if a.Family < b.Family {
+				return -1
+			}
+			return 1
+		}
+		switch {
+		case a.MeanJCT < b.MeanJCT:
+			return -1
+		case a.MeanJCT > b.MeanJCT:
+			return 1
+		}
+		return 0
+	})
+	best := map[string]float64{}
+	for i := range out.Points {
+		p := &out.Points[i]
+		if c, ok := best[p.Family]; !ok || p.Cost < c {
+			best[p.Family] = p.Cost
+			p.Frontier = true
+		}
+	}
+	for _, s := range out.Points {
+		if s.Family != PolicyStarburstCost {
+			continue
+		}
+		ch := FrontierCheck{Starburst: s.Policy, MeanJCT: s.MeanJCT, StarburstCost: s.Cost, SpillwayCost: math.Inf(1)}
+		for _, p := range out.Points {
+			if p.Family == PolicySpillway && p.MeanJCT <= s.MeanJCT && p.Cost < ch.SpillwayCost {
+				ch.Spillway, ch.SpillwayJCT, ch.SpillwayCost = p.Policy, p.MeanJCT, p.Cost
+			}
+		}
+		if ch.Spillway == "" {
+			ch.SpillwayCost = 0
+		}
+		ch.AtOrBelow = ch.Spillway != "" && ch.SpillwayCost <= s.Cost
+		out.AllAtOrBelow = out.AllAtOrBelow && ch.AtOrBelow
+		out.Checks = append(out.Checks, ch)
+	}
+	return out
+}
+
+// WriteTable prints the sweep.
+func (s *SweepResult) WriteTable(w io.Writer, currency string) error {
+	fmt.Fprintf(w, "cost-versus-JCT sweep (* on the family's frontier):\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "policy\tJCT mean\twait p95\tburst GPU-h\tcost %s\t\t\n", currency)
+	for _, p := range s.Points {
+		mark := ""
+		if p.Frontier {
+			mark = "*"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t\n", p.Policy, human(p.MeanJCT), human(p.P95Wait), p.BurstGPUHours, p.Cost, mark)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nspillway against starburst-linear-cost at each of its JCTs:\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "starburst\tJCT mean\tcost\tcheapest spillway no slower\tJCT mean\tcost\tat or below")
+	for _, c := range s.Checks {
+		sp, jct, cost := "none", "-", "-"
+		if c.Spillway != "" {
+			sp, jct, cost = c.Spillway, human(c.SpillwayJCT), fmt.Sprintf("%.0f", c.SpillwayCost)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%v\n", c.Starburst, human(c.MeanJCT), c.StarburstCost, sp, jct, cost, c.AtOrBelow)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "frontier at or below starburst-linear-cost at every JCT: %v\n", s.AllAtOrBelow)
+	return nil
+}
