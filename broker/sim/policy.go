@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -64,7 +65,8 @@ const AllPolicies = defaultPolicyList
 // ParsePolicies reads a comma-separated list of policies. Each is a name,
 // optionally followed by ":key=value" overrides: threshold, hysteresis,
 // minWait, waitTarget (every queue), idleTTL, maxInFlight, budget (β of a
-// Starburst policy).
+// Starburst policy), and QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold
+// for one queue ("spillway:high_perf.minWait=1h").
 func ParsePolicies(list string, c *Cluster) ([]Policy, error) {
 	var out []Policy
 	seen := map[string]bool{}
@@ -178,25 +180,54 @@ func (p *Policy) set(k, v string, queues []string) error {
 	case "waitTarget":
 		var d time.Duration
 		d, err = dur()
-		qs := map[string]burst.QueuePolicy{}
-		for name, q := range p.Burst.Queues {
-			qs[name] = q
-		}
 		for _, name := range queues {
-			q := qs[name]
-			q.WaitTarget = d
-			qs[name] = q
+			p.setQueue(name, func(q *burst.QueuePolicy) { q.WaitTarget = d })
 		}
-		p.Burst.Queues = qs
 	case "budget":
 		if p.Wait.Kind == "" || p.Wait.Kind == WaitZero {
 			return fmt.Errorf("only the starburst constant, linear-runtime and linear-cost policies have a waiting budget")
 		}
 		p.Wait.Budget, err = num(0, 100)
 	default:
-		return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget)")
+		queue, field, ok := strings.Cut(k, ".")
+		if !ok || !slices.Contains(queues, queue) {
+			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
+		}
+		switch field {
+		case "minWait", "waitTarget":
+			var d time.Duration
+			if d, err = dur(); err == nil {
+				p.setQueue(queue, func(q *burst.QueuePolicy) {
+					if field == "minWait" {
+						q.MinWait = d
+					} else {
+						q.WaitTarget = d
+					}
+				})
+			}
+		case "threshold":
+			var f float64
+			if f, err = num(0, 1); err == nil {
+				p.setQueue(queue, func(q *burst.QueuePolicy) { q.Threshold = f })
+			}
+		default:
+			return fmt.Errorf("unknown queue key %q (known: minWait, waitTarget, threshold)", field)
+		}
 	}
 	return err
+}
+
+// setQueue changes one queue's override, on a copy of the map (policies
+// derived from one cluster share its maps).
+func (p *Policy) setQueue(name string, f func(*burst.QueuePolicy)) {
+	qs := make(map[string]burst.QueuePolicy, len(p.Burst.Queues)+1)
+	for n, q := range p.Burst.Queues {
+		qs[n] = q
+	}
+	q := qs[name]
+	f(&q)
+	qs[name] = q
+	p.Burst.Queues = qs
 }
 
 // queueNames are the cluster's queues.

@@ -338,7 +338,14 @@ func TestParsePolicies(t *testing.T) {
 	if b.Threshold != 0.9 || b.MinWait != 5*time.Minute || b.Queues["short"].WaitTarget != time.Hour || b.IdleTTL != time.Minute || b.MaxInFlight != 3 {
 		t.Fatalf("overrides not applied: %+v", b)
 	}
-	for _, bad := range []string{"spillway:threshold=2", "spillway:colour=red", "spillway:minWait", "spillway:budget=1", "karpenter", "spillway,spillway", " , "} {
+	q, err := ParsePolicy("spillway:short.minWait=1h:short.threshold=0.5:default.waitTarget=2h", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qs := q.Burst.Queues; qs["short"].MinWait != time.Hour || qs["short"].Threshold != 0.5 || qs["default"].WaitTarget != 2*time.Hour || len(c.Burst.Queues) != 0 {
+		t.Fatalf("queue overrides: %+v (the cluster's own map must stay untouched: %+v)", qs, c.Burst.Queues)
+	}
+	for _, bad := range []string{"spillway:threshold=2", "spillway:colour=red", "spillway:gpu.minWait=1m", "spillway:short.colour=1", "spillway:minWait", "spillway:budget=1", "karpenter", "spillway,spillway", " , "} {
 		if _, err := ParsePolicies(bad, c); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
