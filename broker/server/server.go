@@ -24,6 +24,10 @@ import (
 	"github.com/spillway-dev/spillway/onprem/gpu"
 )
 
+// reasonPersistEvery bounds how often a job's changing pending reason is
+// written to the store.
+const reasonPersistEvery = 30 * time.Second
+
 // Version is reported by /healthz and to agents; set at build time.
 var Version = "dev"
 
@@ -59,6 +63,8 @@ type Server struct {
 	// reasons is the latest pending reason of each pending job; only the
 	// code is persisted, the full text lives here.
 	reasons map[string]broker.PendingReason
+	// reasonSaved is when each job's reason was last written.
+	reasonSaved map[string]time.Time
 	// telemetry is the latest GPU sample of each node, owners its
 	// processes' jobs.
 	telemetry map[string]*gpu.Sample
@@ -88,22 +94,23 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		opt.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		cfg:       cfg,
-		store:     store,
-		clock:     opt.Clock,
-		log:       opt.Logger,
-		ids:       newIDSource(),
-		jobs:      map[string]*broker.Job{},
-		nodes:     map[string]*broker.Node{},
-		byNode:    map[string]map[string]bool{},
-		reasons:   map[string]broker.PendingReason{},
-		telemetry: map[string]*gpu.Sample{},
-		owners:    map[string]map[int]string{},
-		tele:      telemetryState{open: map[gpuKey]*accum{}},
-		quiet:     map[string]time.Time{},
-		meter:     meterState{reported: map[string]bool{}},
-		nodeWake:  map[string]chan struct{}{},
-		schedWake: make(chan struct{}, 1),
+		cfg:         cfg,
+		store:       store,
+		clock:       opt.Clock,
+		log:         opt.Logger,
+		ids:         newIDSource(),
+		jobs:        map[string]*broker.Job{},
+		nodes:       map[string]*broker.Node{},
+		byNode:      map[string]map[string]bool{},
+		reasons:     map[string]broker.PendingReason{},
+		reasonSaved: map[string]time.Time{},
+		telemetry:   map[string]*gpu.Sample{},
+		owners:      map[string]map[int]string{},
+		tele:        telemetryState{open: map[gpuKey]*accum{}},
+		quiet:       map[string]time.Time{},
+		meter:       meterState{reported: map[string]bool{}},
+		nodeWake:    map[string]chan struct{}{},
+		schedWake:   make(chan struct{}, 1),
 	}
 	s.metrics = newMetrics(opt.Registry, s)
 	if err := s.load(ctx); err != nil {
