@@ -40,6 +40,14 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/nodes/:name", s.getNode, people)
 	v1.GET("/telemetry", s.getTelemetry, people)
 
+	ops := allow(config.RoleOperator)
+	v1.GET("/instances", s.listInstances, people)
+	v1.GET("/instances/:id", s.getInstance, people)
+	v1.GET("/burst/plan", s.burstPlan, ops)
+	v1.GET("/budgets", s.listBudgets, allow(config.RoleUser, config.RoleOperator, config.RoleFinance))
+	v1.PUT("/budgets/:scope", s.setBudget, ops)
+	v1.GET("/audit", s.listAudit, allow(config.RoleOperator, config.RoleFinance))
+
 	billingRoles := allow(config.RoleUser, config.RoleOperator, config.RoleFinance)
 	v1.GET("/billing/usage", s.usage, billingRoles)
 	v1.GET("/billing/export", s.export, billingRoles)

@@ -22,6 +22,7 @@ import (
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/providers"
 )
 
 // reasonPersistEvery bounds how often a job's changing pending reason is
@@ -37,6 +38,10 @@ type Options struct {
 	Clock    clock.Clock
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Providers are added to the configured ones (tests use fakes).
+	Providers []providers.Provider
+	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
+	Bootstrap BootstrapFunc
 }
 
 // Server is one broker process.
@@ -73,6 +78,7 @@ type Server struct {
 	// quiet[j] is when job j's cards last dropped under the idle threshold.
 	quiet map[string]time.Time
 	meter meterState
+	burst burstState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
@@ -114,6 +120,9 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 	}
 	s.metrics = newMetrics(opt.Registry, s)
 	if err := s.load(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.initBurst(ctx, opt); err != nil {
 		return nil, err
 	}
 	s.echo = s.routes(opt.Registry)
@@ -170,6 +179,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		defer close(exportsDone)
 		s.runExports(ctx)
 	}()
+	burstDone := make(chan struct{})
+	go func() {
+		defer close(burstDone)
+		s.burstLoop(ctx)
+	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	s.log.Info("broker serving", "addr", l.Addr().String(), "version", Version)
@@ -183,6 +197,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	err := srv.Shutdown(shutdown)
 	<-loopDone
 	<-exportsDone
+	<-burstDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}
