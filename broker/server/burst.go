@@ -407,10 +407,15 @@ func (s *Server) burstInputLocked(ctx context.Context, now time.Time) (*burst.In
 	return in, err
 }
 
-// waitingSince is when a job last entered the queue.
+// waitingSince is when a job last entered the queue. A job that was
+// preempted keeps its original wait, so once its checkpoint grace is over
+// it may resume on burst capacity at once instead of waiting for on-prem.
 func waitingSince(j *broker.Job) time.Time {
 	for i := len(j.History) - 1; i >= 0; i-- {
 		if j.History[i].To == broker.StatePending {
+			if j.History[i].From == broker.StatePreempted {
+				return j.SubmittedAt
+			}
 			return j.History[i].At
 		}
 	}

@@ -470,3 +470,41 @@ func (a *fakeAgent) tryRegister(gpus int) error {
 }
 
 var _ = config.RoleAgent
+
+// TestPreemptToCloud: a preemptible job preempted by high-priority work
+// resumes on burst capacity right after its checkpoint, without waiting
+// the minimum again.
+func TestPreemptToCloud(t *testing.T) {
+	r := newBurstRig(t)
+	low := r.submit(tokBob, `{"resources": {"gpus": 8}, "priority": "low", "preemptible": true, "timeout": "4h", "checkpoint": {"grace": "10s"}, "command": ["train"]}`)
+	r.cycle()
+	r.onprem.sync()
+	r.onprem.sync()
+	r.clock.Step(10 * time.Minute) // it has run a while; its wait is long past
+	r.onprem.sync()
+	high := r.submit(tokAlice, `{"resources": {"gpus": 8}, "priority": "high", "timeout": "1h", "command": ["serve"]}`)
+	r.until("a stop order for the low job", 20, func() bool { return r.job(low.ID).Stop != nil })
+	r.onprem.exit(low.ID, 0, "SIGTERM")
+	r.onprem.sync()
+	if st := r.job(low.ID).State; st != broker.StatePending {
+		t.Fatalf("low job after its checkpoint: %s", st)
+	}
+	requeued := r.clock.Now()
+	r.until("the low job runs on a burst machine", 300, func() bool { return r.job(low.ID).State == broker.StateRunning })
+	got := r.job(low.ID)
+	if got.Placements[0].Node == "onprem-1" {
+		t.Fatal("resumed on-prem")
+	}
+	var bound time.Time
+	for _, h := range got.History {
+		if h.To == broker.StateProvisioning {
+			bound = h.At
+		}
+	}
+	if bound.Sub(requeued) >= 2*time.Minute {
+		t.Fatalf("waited %s after its preemption before bursting", bound.Sub(requeued))
+	}
+	if r.job(high.ID).State != broker.StateRunning {
+		t.Fatal("the high job is not running on-prem")
+	}
+}
