@@ -329,3 +329,14 @@ func (c *Client) SetBudget(ctx context.Context, scope, limit string) (*broker.Bu
 	}
 	return &out, nil
 }
+
+// Queues returns every queue with its load and waiting jobs.
+func (c *Client) Queues(ctx context.Context) ([]server.QueueView, error) {
+	var out struct {
+		Queues []server.QueueView `json:"queues"`
+	}
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/queues", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Queues, nil
+}

@@ -508,3 +508,27 @@ func TestPreemptToCloud(t *testing.T) {
 		t.Fatal("the high job is not running on-prem")
 	}
 }
+
+func TestBudgetAlerts(t *testing.T) {
+	got := make(chan map[string]any, 4)
+	hook := newWebhook(t, got)
+	r := newBurstRig(t)
+	r.srv.cfg.Burst.AlertWebhook = hook
+	r.fill()
+	r.setBudget("nlp", "30") // one 1-GPU launch projects 24.00: 80%
+	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
+	r.until("a launch", 300, func() bool { return r.job(j.ID).State != broker.StatePending })
+	r.step()
+	select {
+	case a := <-got:
+		if a["scope"] != "nlp" || a["level"].(float64) != 0.8 {
+			t.Fatalf("alert %v", a)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no webhook for crossing 80%")
+	}
+	r.run(5 * time.Second)
+	if n := len(got); n != 0 {
+		t.Fatalf("%d repeated alerts", n)
+	}
+}

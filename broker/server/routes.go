@@ -36,6 +36,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.POST("/jobs/:id/cancel", s.cancel, people)
 	v1.GET("/jobs/:id/logs", s.logs, people)
 
+	v1.GET("/queues", s.listQueues, people)
 	v1.GET("/nodes", s.listNodes, people)
 	v1.GET("/nodes/:name", s.getNode, people)
 	v1.GET("/telemetry", s.getTelemetry, people)
