@@ -619,8 +619,8 @@ func (s *Server) pendingVerdict(x *Explanation) ExplainVerdict {
 			}
 			quota += ")"
 		}
-		return ExplainVerdict{VerdictQuota, fmt.Sprintf("Team %s is at its quota: %s — its %d running job(s) hold %d GPUs%s; the job starts when they end, or ask an operator to raise the quota.",
-			j.Spec.Team, r.Message, t.RunningJobs, t.HeldGPUs, quota)}
+		return ExplainVerdict{VerdictQuota, fmt.Sprintf("The job waits for its team's quota (%s): team %s's %d running job(s) hold %d GPUs%s, and it starts when they end — or ask an operator to raise the quota.",
+			r.Message, j.Spec.Team, t.RunningJobs, t.HeldGPUs, quota)}
 	case sched.ReasonResources:
 		if c.FreeGPUs >= need && c.MostFreeOnOneNode < c.NeedsPerNode {
 			return ExplainVerdict{VerdictWholeNode, fmt.Sprintf("The job needs %d GPUs on one node: %d GPUs are free but spread out (at most %d on one node)%s%s; it starts when a node frees up, or ask for fewer GPUs per node (resources.gpus with resources.nodes).",
@@ -691,12 +691,15 @@ func explainSteps(x *Explanation) []string {
 	}
 	if e := x.Exit; e != nil && (e.ExitCode != nil || e.Signal != "" || len(e.LogTail) > 0) {
 		line := fmt.Sprintf("5. Attempt %d", e.Attempt)
-		if e.ExitCode != nil || e.Signal != "" {
-			code := "-"
-			if e.ExitCode != nil {
-				code = fmt.Sprint(*e.ExitCode)
-			}
-			line += fmt.Sprintf(" ended: exit %s %s %s", code, e.Signal, e.Detail)
+		switch {
+		case e.Detail != "":
+			line += " ended: " + e.Detail
+		case e.Signal != "":
+			line += " ended: killed by " + e.Signal
+		case e.ExitCode != nil:
+			line += fmt.Sprintf(" ended: exit code %d", *e.ExitCode)
+		default:
+			line += " is running; its log ends"
 		}
 		if e.OOM != "" {
 			line += fmt.Sprintf("; out of %s memory: %s", e.OOM, e.Evidence)
