@@ -40,7 +40,7 @@ async function api(path) {
 // role may not read it (403), so a section can say so instead of failing.
 async function optional(path) {
   try { return await api(path); } catch (e) {
-    if (e.status === 404 || e.status === 403 || e.status === 501) return null;
+    if (e.status === 404 || e.status === 403 || e.status === 501) return null; // absent here, or not for this role
     throw e;
   }
 }
@@ -219,7 +219,10 @@ function chart(target, pts, max, fmt, now) {
     tx.textContent = hAgo ? `-${hAgo}h` : 'now';
     root.append(tx);
   }
-  if (pts.length) {
+  if (pts.length === 1) {
+    root.append(svg('circle', { class: 'dot', cx: x(pts[0][0]).toFixed(1), cy: y(pts[0][1]).toFixed(1), r: 4 }));
+    const tx = svg('text', { x: x(pts[0][0]) - 90, y: y(pts[0][1]) + 4 }); tx.textContent = 'now ' + fmt(pts[0][1]); root.append(tx);
+  } else if (pts.length) {
     const d = pts.map(([t, v], i) => (i ? 'L' : 'M') + x(t).toFixed(1) + ',' + y(v).toFixed(1)).join('');
     root.append(svg('path', { class: 'area', d: d + `L${x(pts[pts.length - 1][0]).toFixed(1)},${y(0)}L${x(pts[0][0]).toFixed(1)},${y(0)}Z` }));
     root.append(svg('path', { class: 'line', d }));
@@ -229,7 +232,10 @@ function chart(target, pts, max, fmt, now) {
   target.replaceChildren(root);
 }
 
-async function renderCharts(now) {
+// renderCharts draws the stored points of the last 24 h and, as the last
+// point, the cards' latest samples (the minute in progress is not stored
+// yet).
+async function renderCharts(now, nodes) {
   const to = new Date(now).toISOString().replace(/\.\d+Z$/, 'Z');
   const from = new Date(now - 24 * 3600e3).toISOString().replace(/\.\d+Z$/, 'Z');
   let page = await api(`/v1/telemetry?resolution=m&from=${from}&to=${to}`);
@@ -241,10 +247,17 @@ async function renderCharts(now) {
     a.util += p.smUtil; a.mem += p.memoryUsedBytes; a.n++;
     by.set(t, a);
   }
+  const live = { util: 0, mem: 0, n: 0 };
+  let capacity = 0;
+  for (const n of nodes || []) for (const c of n.cards || []) {
+    capacity += c.memoryBytes || 0;
+    if (c.telemetry) { live.util += c.telemetry.smUtil; live.mem += c.telemetry.memoryUsedBytes; live.n++; }
+  }
+  if (live.n) by.set(now, live);
   const times = [...by.keys()].sort((a, b) => a - b);
   const util = times.map((t) => [t, by.get(t).util / by.get(t).n]);
   const mem = times.map((t) => [t, by.get(t).mem / 2 ** 30]);
-  const memMax = Math.max(1, ...mem.map((p) => p[1]));
+  const memMax = Math.max(1, capacity / 2 ** 30, ...mem.map((p) => p[1]));
   chart($('chart-util'), util, 100, (v) => Math.round(v) + '%', now);
   chart($('chart-mem'), mem, memMax, (v) => v.toFixed(0) + ' GiB', now);
 }
@@ -264,7 +277,7 @@ async function refresh() {
     renderHeat(nodesPage.nodes);
     renderInstances(instances);
     renderBudgets(budgets);
-    await renderCharts(now);
+    await renderCharts(now, nodesPage.nodes);
     $('updated').textContent = 'updated ' + new Date(now).toLocaleTimeString();
   } catch (e) {
     if (e.status === 401) { signOut('Your token was refused.'); return; }
