@@ -48,6 +48,10 @@ type Config struct {
 	Idle      Idle        `json:"idle,omitempty"`
 	// Billing is the ledger's configuration (docs/billing.md).
 	Billing billing.Config `json:"billing,omitempty"`
+	// Burst configures the burst controller; Providers are where it
+	// rents machines (docs/bursting.md, docs/providers.md).
+	Burst     Burst      `json:"burst,omitempty"`
+	Providers []Provider `json:"providers,omitempty"`
 
 	// billing is Billing checked and compiled by Validate.
 	billing billing.Compiled
@@ -343,6 +347,7 @@ func (c *Config) applyDefaults() {
 		c.Agents.LogLimit = d.Agents.LogLimit
 	}
 	c.observeDefaults()
+	c.burstDefaults()
 }
 
 var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -460,6 +465,7 @@ func (c *Config) Validate() error {
 		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
 	}
 	c.validateObserve(add)
+	c.validateBurst(add)
 	if comp, err := c.Billing.Compile(); err != nil {
 		var joined interface{ Unwrap() []error }
 		errs := []error{err}

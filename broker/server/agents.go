@@ -69,10 +69,15 @@ func (s *Server) register(c echo.Context) error {
 	}
 	n.Generation++
 	n.Labels = req.Labels
-	if pool := req.Labels["pool"]; pool != "" {
-		n.Pool = pool
+	// Only a machine's own token makes a node a burst machine; an agent
+	// token from the config always registers an owned node.
+	n.Pool, n.Instance = "onprem", ""
+	if p.Node != "" {
+		n.Instance = p.Node
+		if r, ok := s.burst.instances[p.Node]; ok {
+			n.Pool = r.Provider
+		}
 	}
-	n.Instance = req.Labels["instance"]
 	n.Inventory = req.Inventory
 	n.CPU, n.Memory = req.CPU, req.Memory
 	n.Unhealthy = req.Unhealthy

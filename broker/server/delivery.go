@@ -28,8 +28,8 @@ import (
 
 // Delivery is how well the cluster serves its users: how long jobs wait,
 // how long they take, how many succeed, how often they are preempted and
-// resume, who starves, how fast bursts arrive, and what a unit of output
-// costs. This file holds its Prometheus series, the job-scoped units API
+// resume, who starves, and what a unit of output costs (how fast bursts
+// arrive is spillway_burst_lead_time_seconds, metrics.go). This file holds its Prometheus series, the job-scoped units API
 // and the delivery report.
 
 // waitBuckets span a second to a week.
@@ -42,7 +42,6 @@ type deliveryMetrics struct {
 	completed   *prometheus.CounterVec
 	preemptions *prometheus.CounterVec
 	resumes     *prometheus.CounterVec
-	burstLead   *prometheus.HistogramVec
 	units       *prometheus.CounterVec
 }
 
@@ -65,23 +64,12 @@ func newDeliveryMetrics(reg prometheus.Registerer, s *Server) *deliveryMetrics {
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_job_resumes_total", Help: "Attempts started after a preemption (resuming from a checkpoint), by queue.",
 		}, []string{"queue"}),
-		burstLead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "spillway_burst_lead_seconds", Help: "Time from the decision to launch a burst machine until its agent registered and it could take work, by provider.",
-			Buckets: []float64{10, 30, 60, 120, 180, 300, 600, 900, 1800, 3600},
-		}, []string{"provider"}),
 		units: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_job_units_total", Help: "Units of output jobs reported (requests, tokens, samples …), by team and kind.",
 		}, []string{"team", "kind"}),
 	}
-	reg.MustRegister(d.wait, d.duration, d.completed, d.preemptions, d.resumes, d.burstLead, d.units, &observeCollector{s: s})
+	reg.MustRegister(d.wait, d.duration, d.completed, d.preemptions, d.resumes, d.units, &observeCollector{s: s})
 	return d
-}
-
-// observeBurstLead records one burst machine's lead time: from the launch
-// decision to the moment its agent registered. The burst controller calls
-// it once per machine that became ready.
-func (m *metrics) observeBurstLead(provider string, seconds float64) {
-	m.delivery.burstLead.WithLabelValues(provider).Observe(seconds)
 }
 
 // observe counts the delivery events among the transitions a change added.

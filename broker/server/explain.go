@@ -529,7 +529,9 @@ func (s *Server) verdict(x *Explanation) ExplainVerdict {
 		return ExplainVerdict{VerdictCrashed, fmt.Sprintf("The job failed (%s); read the log tail above and `spillway logs %s`.", lastDetail(j), j.ID)}
 	case broker.StatePending:
 		return s.pendingVerdict(x)
-	case broker.StateStarting, broker.StateProvisioning:
+	case broker.StateProvisioning:
+		return ExplainVerdict{VerdictStarting, fmt.Sprintf("The job is bound to burst machine %s, which is being started for it; `spillway instances` shows each step.", dash0(j.Machine))}
+	case broker.StateStarting:
 		node := strings.Join(j.Nodes(), ", ")
 		return ExplainVerdict{VerdictStarting, fmt.Sprintf("The job was placed on %s %s and the agent is starting it; if it stays here, check that node with `spillway nodes`.", dash0(node), ago0(x.At, x.State.Since))}
 	}

@@ -71,9 +71,12 @@ func exported(t *testing.T) (names []string, types map[string]dto.MetricType) {
 	h.settle(a) // the preempted job resumes
 	h.submit(tokBob, `{"resources": {"gpus": 2}, "timeout": "1h", "command": ["c"]}`)
 	h.cycle() // and one waits
-	h.srv.metrics.observeBurstLead("fake", 95)
-	// Scheduled exports count only when the config schedules one; the
-	// series is made here so its type is checked with the rest.
+	// Burst machines, budget alerts and scheduled exports need providers,
+	// budgets and export schedules; their series are made here so their
+	// names and types are checked with the rest.
+	h.srv.metrics.burstLead.WithLabelValues("fake").Observe(95)
+	h.srv.metrics.budgetUsed.WithLabelValues("global").Set(0.5)
+	h.srv.metrics.budgetAlerts.WithLabelValues("global", "80").Inc()
 	h.srv.metrics.exports.WithLabelValues("daily", "ok").Inc()
 
 	ch := make(chan *prometheus.Desc, 1000)

@@ -22,7 +22,12 @@ import (
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/providers"
 )
+
+// reasonPersistEvery bounds how often a job's changing pending reason is
+// written to the store.
+const reasonPersistEvery = 30 * time.Second
 
 // Version is reported by /healthz and to agents; set at build time.
 var Version = "dev"
@@ -33,6 +38,10 @@ type Options struct {
 	Clock    clock.Clock
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Providers are added to the configured ones (tests use fakes).
+	Providers []providers.Provider
+	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
+	Bootstrap BootstrapFunc
 }
 
 // Server is one broker process.
@@ -59,6 +68,8 @@ type Server struct {
 	// reasons is the latest pending reason of each pending job; only the
 	// code is persisted, the full text lives here.
 	reasons map[string]broker.PendingReason
+	// reasonSaved is when each job's reason was last written.
+	reasonSaved map[string]time.Time
 	// telemetry is the latest GPU sample of each node, owners its
 	// processes' jobs.
 	telemetry map[string]*gpu.Sample
@@ -67,6 +78,7 @@ type Server struct {
 	// quiet[j] is when job j's cards last dropped under the idle threshold.
 	quiet map[string]time.Time
 	meter meterState
+	burst burstState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
@@ -90,25 +102,29 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		opt.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		cfg:       cfg,
-		store:     store,
-		clock:     opt.Clock,
-		log:       opt.Logger,
-		ids:       newIDSource(),
-		jobs:      map[string]*broker.Job{},
-		nodes:     map[string]*broker.Node{},
-		byNode:    map[string]map[string]bool{},
-		reasons:   map[string]broker.PendingReason{},
-		telemetry: map[string]*gpu.Sample{},
-		owners:    map[string]map[int]string{},
-		tele:      telemetryState{open: map[gpuKey]*accum{}},
-		quiet:     map[string]time.Time{},
-		meter:     meterState{reported: map[string]bool{}},
-		nodeWake:  map[string]chan struct{}{},
-		schedWake: make(chan struct{}, 1),
+		cfg:         cfg,
+		store:       store,
+		clock:       opt.Clock,
+		log:         opt.Logger,
+		ids:         newIDSource(),
+		jobs:        map[string]*broker.Job{},
+		nodes:       map[string]*broker.Node{},
+		byNode:      map[string]map[string]bool{},
+		reasons:     map[string]broker.PendingReason{},
+		reasonSaved: map[string]time.Time{},
+		telemetry:   map[string]*gpu.Sample{},
+		owners:      map[string]map[int]string{},
+		tele:        telemetryState{open: map[gpuKey]*accum{}},
+		quiet:       map[string]time.Time{},
+		meter:       meterState{reported: map[string]bool{}},
+		nodeWake:    map[string]chan struct{}{},
+		schedWake:   make(chan struct{}, 1),
 	}
 	s.metrics = newMetrics(opt.Registry, s)
 	if err := s.load(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.initBurst(ctx, opt); err != nil {
 		return nil, err
 	}
 	s.echo = s.routes(opt.Registry)
@@ -165,6 +181,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		defer close(exportsDone)
 		s.runExports(ctx)
 	}()
+	burstDone := make(chan struct{})
+	go func() {
+		defer close(burstDone)
+		s.burstLoop(ctx)
+	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	s.log.Info("broker serving", "addr", l.Addr().String(), "version", Version)
@@ -178,6 +199,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	err := srv.Shutdown(shutdown)
 	<-loopDone
 	<-exportsDone
+	<-burstDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}

@@ -100,6 +100,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		if j.State.Terminal() {
 			delete(s.jobs, j.ID)
 			delete(s.reasons, j.ID)
+			delete(s.reasonSaved, j.ID)
 		} else {
 			s.jobs[j.ID] = j
 		}
@@ -195,7 +196,7 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 	wake := map[string]bool{}
 	for _, st := range plan.Starts {
 		old, ok := s.jobs[st.Job]
-		if !ok || old.State != broker.StatePending {
+		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue // the plan is stale for this job; the next cycle decides again
 		}
 		j := cloneJob(old)
@@ -225,16 +226,19 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		id, r := pe.Job, pe.Reason
 		s.reasons[id] = r
 		old, ok := s.jobs[id]
-		if !ok || old.State != broker.StatePending {
+		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue
 		}
-		// Persist the reason when its kind changes; the full sentence with
-		// the queue position is served from memory.
-		if old.Pending == nil || old.Pending.Code != r.Code {
+		// The full sentence with the queue position is served from memory.
+		// The store gets the reason's kind when it changes, at most every
+		// reasonPersistEvery per job, so codes that flip between cycles do
+		// not turn into a write storm; a standby still shows a recent one.
+		if old.Pending == nil || (old.Pending.Code != r.Code && now.Sub(s.reasonSaved[id]) >= reasonPersistEvery) {
 			j := cloneJob(old)
 			rc := r
 			j.Pending = &rc
 			changed = append(changed, j)
+			s.reasonSaved[id] = now
 		}
 	}
 	ledger := s.scheduling.ledger

@@ -110,7 +110,8 @@ function renderQueue(jobs, now) {
   const rb = $('running').tBodies[0];
   const run = (jobs || []).filter((j) => j.state !== 'pending');
   rb.replaceChildren(...run.map((j) => {
-    const where = (j.placements || []).map((p) => p.node + ' [' + p.gpus.join(',') + ']').join('; ');
+    let where = (j.placements || []).map((p) => p.node + ' [' + p.gpus.join(',') + ']').join('; ');
+    if (!where && j.machine) where = 'burst machine ' + j.machine;
     const note = j.idleSince
       ? el('span', { class: 'badge idle' }, 'idle since ' + new Date(j.idleSince).toLocaleTimeString())
       : (j.stop ? el('span', { class: 'badge' }, 'stopping: ' + j.stop.reason) : '');
@@ -167,13 +168,14 @@ function renderInstances(data) {
   if (!items.length) { $('instances').replaceChildren(el('p', { class: 'muted' }, 'No burst machines.')); return; }
   const now = Date.now();
   $('instances').replaceChildren(el('table', {},
-    el('thead', {}, el('tr', {}, ...['Machine', 'Provider', 'Type', 'State', 'Age', 'Jobs'].map((h) => el('th', {}, h)))),
+    el('thead', {}, el('tr', {}, ...['Machine', 'Provider', 'Type', 'State', 'Age', 'Cost', 'Jobs'].map((h) => el('th', {}, h)))),
     el('tbody', {}, ...items.map((m) => el('tr', {},
       el('td', {}, el('code', {}, m.id)), el('td', {}, m.provider || ''),
-      el('td', {}, (m.offer && (m.offer.instanceType || m.offer.InstanceType)) || ''),
+      el('td', {}, (m.offer && m.offer.instanceType) || ''),
       el('td', {}, el('span', { class: 'badge' }, m.state)),
-      el('td', {}, m.createdAt ? dur(now - new Date(m.createdAt)) : ''),
-      el('td', {}, (m.jobs || []).map(short).join(', ')))))));
+      el('td', {}, m.age || (m.createdAt ? dur(now - new Date(m.createdAt)) : '')),
+      el('td', { class: 'num' }, m.costSoFar !== undefined ? money(m.costSoFar).toFixed(2) + ' ' + (m.currency || '') : ''),
+      el('td', {}, [...(m.runningJobs || []), ...(m.waitingJobs || [])].concat(m.runningJobs || m.waitingJobs ? [] : (m.jobs || [])).map(short).join(', ')))))));
 }
 
 function money(v) {
@@ -191,7 +193,7 @@ function renderBudgets(data) {
     const f = limit > 0 ? committed / limit : 1;
     const bar = el('div', { class: 'bar' + (f >= 0.8 ? ' hot' : '') }, el('span', {}));
     bar.firstChild.style.width = Math.min(100, f * 100).toFixed(1) + '%';
-    const cur = b.currency || '';
+    const cur = b.currency || data.currency || '';
     return el('div', {}, el('div', {}, el('strong', {}, b.scope || b.team || 'global'), ' ',
       el('span', { class: 'muted' }, `${spent.toFixed(2)} spent, ${committed.toFixed(2)} committed of ${limit.toFixed(2)} ${cur} this month`)), bar);
   }));
@@ -266,7 +268,7 @@ async function refresh() {
   const now = Date.now();
   try {
     const [jobsPage, nodesPage, instances, budgets] = await Promise.all([
-      optional('/v1/jobs?state=pending,starting,running&limit=1000'),
+      optional('/v1/jobs?state=pending,provisioning,starting,running&limit=1000'),
       api('/v1/nodes'),
       optional('/v1/instances'),
       optional('/v1/budgets'),
