@@ -171,6 +171,9 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 		if r, ok := s.reasons[id]; ok && r.Code != "" {
 			code = r.Code
 		}
+		if r, ok := s.burst.reasons[id]; ok && r.Code != "" {
+			code = r.Code // the burst controller's word comes first, as in the API
+		}
 		pending[qr{j.Spec.Queue, code}]++
 	}
 	for q, n := range starving {

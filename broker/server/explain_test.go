@@ -63,6 +63,7 @@ func wantVerdict(t *testing.T, x *Explanation, code string, words ...string) {
 	}
 	// One sentence: no full stop inside it, outside quoted log lines.
 	unquoted := regexp.MustCompile(`"[^"]*"`).ReplaceAllString(x.Verdict.Sentence, `""`)
+	unquoted = strings.ReplaceAll(unquoted, "est. start", "estimated start")
 	if strings.Contains(unquoted, ". ") || !strings.HasSuffix(x.Verdict.Sentence, ".") {
 		t.Errorf("verdict is not one sentence: %q", x.Verdict.Sentence)
 	}
@@ -131,13 +132,16 @@ func TestExplainBurstBlockedByBudget(t *testing.T) {
 	h.settle(a)
 	j := h.submit(tokAlice, `{"resources": {"gpus": 2}, "timeout": "1h", "burst": "allowed", "command": ["eval"]}`)
 	h.cycle()
-	// The burst controller's reason joins the pending-reason field as the
-	// broker serves it.
+	// The burst controller's reason, as its decision leaves it, comes first
+	// in the pending-reason field, followed by the scheduler's.
 	h.srv.mu.Lock()
-	h.srv.reasons[j.ID] = broker.PendingReason{Code: burst.CodeBudget, Message: "burst blocked: budget nlp 4,980/5,000 USD this month", Position: 1}
+	h.srv.burst.reasons[j.ID] = broker.PendingReason{Code: burst.CodeBudget, Message: "burst blocked: budget nlp 4,980/5,000 USD this month"}
 	h.srv.mu.Unlock()
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictBurstBudget, "blocked by the budget", "budget nlp 4,980/5,000 USD", "0 free, it needs 2", "spillway budget set")
+	wantVerdict(t, x, VerdictBurstBudget, "blocked by the budget", "budget nlp 4,980/5,000 USD this month; waiting for 2 GPUs on one node", "0 free, it needs 2", "spillway budget set")
+	if m := h.scrape(); m[`spillway_pending_jobs{queue="default",reason="budget"}`] != 1 {
+		t.Errorf("the pending gauge does not count the burst reason")
+	}
 }
 
 func TestExplainIdleOnItsCard(t *testing.T) {
