@@ -202,7 +202,7 @@ func (s *Server) explainJob(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	x, err := s.explain(c.Request().Context(), j)
+	x, err := s.explain(c.Request().Context(), j, principal(c))
 	if err != nil {
 		return err
 	}
@@ -210,8 +210,8 @@ func (s *Server) explainJob(c echo.Context) error {
 }
 
 // explain builds the walk for a job read from the store (with its pending
-// reason overlaid).
-func (s *Server) explain(ctx context.Context, j *broker.Job) (*Explanation, error) {
+// reason overlaid), as viewer may see it.
+func (s *Server) explain(ctx context.Context, j *broker.Job, viewer Principal) (*Explanation, error) {
 	x := &Explanation{Job: j, At: s.clock.Now()}
 	x.State = explainState(j)
 	s.mu.Lock()
@@ -219,7 +219,7 @@ func (s *Server) explain(ctx context.Context, j *broker.Job) (*Explanation, erro
 		j.IdleSince = cur.IdleSince
 	}
 	views := s.nodeViewsLocked()
-	x.Queue = s.explainQueueLocked(j)
+	x.Queue = s.explainQueueLocked(j, viewer)
 	x.Team = s.teamLoadLocked(j.Spec.Team)
 	x.Cluster = s.explainClusterLocked(j, views)
 	x.Cards = s.explainCards(j, views)
@@ -247,8 +247,10 @@ func explainState(j *broker.Job) ExplainState {
 	return st
 }
 
-// explainQueueLocked lists the waiting jobs ahead of a pending one.
-func (s *Server) explainQueueLocked(j *broker.Job) *ExplainQueue {
+// explainQueueLocked lists the waiting jobs ahead of a pending one. As in
+// GET /v1/queues, a user does not see the ids and names of other teams'
+// waiting jobs — only their team, priority, size and reason.
+func (s *Server) explainQueueLocked(j *broker.Job, viewer Principal) *ExplainQueue {
 	if j.State != broker.StatePending {
 		return nil
 	}
@@ -267,8 +269,12 @@ func (s *Server) explainQueueLocked(j *broker.Job) *ExplainQueue {
 		if id == j.ID || !ok || pos == 0 || r.Position == 0 || r.Position >= pos {
 			continue
 		}
-		ahead = append(ahead, QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
-			GPUs: o.TotalGPUs(), Position: r.Position, Reason: r.Code})
+		qj := QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
+			GPUs: o.TotalGPUs(), Position: r.Position, Reason: r.Code}
+		if !canSeeTeam(viewer, o.Spec.Team) {
+			qj.ID, qj.Name = "", ""
+		}
+		ahead = append(ahead, qj)
 	}
 	slices.SortFunc(ahead, func(a, b QueuedJob) int { return a.Position - b.Position })
 	q.Ahead = ahead[max(0, len(ahead)-10):]
@@ -656,7 +662,7 @@ func explainSteps(x *Explanation) []string {
 		}
 		add("%s", line)
 		for _, a := range q.Ahead {
-			add("     ahead: #%d %s team %s %s %d GPU(s) [%s]", a.Position, a.ID, a.Team, a.Priority, a.GPUs, a.Reason)
+			add("     ahead: #%d %s team %s %s %d GPU(s) [%s]", a.Position, dash0(a.ID), a.Team, a.Priority, a.GPUs, a.Reason)
 		}
 		add("   Team %s holds %d GPUs in %d running job(s)", x.Team.Team, x.Team.HeldGPUs, x.Team.RunningJobs)
 	} else {

@@ -100,10 +100,18 @@ func TestExplainClusterFull(t *testing.T) {
 	a := h.agent("n1", 2)
 	held := h.submit(tokBob, `{"resources": {"gpus": 2}, "timeout": "2h", "command": ["train"]}`)
 	h.settle(a)
+	ahead := h.submit(tokBob, `{"resources": {"gpus": 1}, "priority": "high", "timeout": "1h", "command": ["first"]}`)
 	j := h.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "1h", "command": ["eval"]}`)
 	h.cycle()
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictClusterFull, "The cluster is full: 2 of 2 matching GPUs are in use", "1st in queue default")
+	// Who is ahead: bob's high-priority job, without its id for alice.
+	if q := x.Queue; q == nil || len(q.Ahead) != 1 || q.Ahead[0].Team != "vision" || q.Ahead[0].Priority != "high" || q.Ahead[0].ID != "" {
+		t.Fatalf("ahead for alice: %+v", x.Queue)
+	}
+	if q := h.explain(tokAdmin, j.ID).Queue; len(q.Ahead) != 1 || q.Ahead[0].ID != ahead.ID {
+		t.Fatalf("ahead for an operator: %+v", q)
+	}
+	wantVerdict(t, x, VerdictClusterFull, "The cluster is full: 2 of 2 matching GPUs are in use", "2nd in queue default")
 	if !x.Cluster.Full || len(x.Cluster.NodeList) != 1 || len(x.Cluster.NodeList[0].Holders) != 1 ||
 		x.Cluster.NodeList[0].Holders[0].Job != held.ID || x.Cluster.NodeList[0].Holders[0].Team != "vision" {
 		t.Fatalf("who holds the cards: %+v", x.Cluster.NodeList)
