@@ -55,6 +55,9 @@ type Config struct {
 
 	// billing is Billing checked and compiled by Validate.
 	billing billing.Compiled
+
+	// Reports shapes the utilisation and delivery reports (reports.go).
+	Reports Reports `json:"reports,omitempty"`
 }
 
 // Log configures log/slog output.
