@@ -162,3 +162,23 @@ func shortGPU(model string) string {
 	model = strings.TrimPrefix(model, "NVIDIA ")
 	return model
 }
+
+// show is the shape of every read-only verb: check -o, reach the broker,
+// fetch, then print JSON for scripts or the table for people.
+func show[T any](g *globals, cmd *cobra.Command, fetch func(*client.Client) (T, error), table func(T) error) error {
+	if err := g.checkOutput(); err != nil {
+		return err
+	}
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	v, err := fetch(c)
+	if err != nil {
+		return err
+	}
+	if g.json() {
+		return g.printJSON(v)
+	}
+	return table(v)
+}
