@@ -35,9 +35,14 @@ func placeBound(s *Snapshot, plan *Plan) {
 			byMachine[n.Instance] = n
 		}
 	}
+	// Only burst nodes matter here, and they hold few jobs.
+	burstNode := map[string]bool{}
+	for _, n := range byMachine {
+		burstNode[n.Name] = true
+	}
 	held := map[string]map[int]bool{}
 	for _, j := range s.Jobs {
-		if !j.State.Holding() {
+		if !j.State.Holding() || len(j.Placements) == 0 || !burstNode[j.Placements[0].Node] {
 			continue
 		}
 		for _, p := range j.Placements {
