@@ -81,7 +81,21 @@ var (
 	_ broker.Fenced = (*Store)(nil)
 )
 
-// ParseURL turns a store URL into go-redis options and the key prefix.
+// target is a parsed store URL.
+type target struct {
+	opt      *goredis.Options         // redis://, rediss://
+	failover *goredis.FailoverOptions // redis-sentinel://, rediss-sentinel://
+	prefix   string
+}
+
+func (t *target) client() *goredis.Client {
+	if t.failover != nil {
+		return goredis.NewFailoverClient(t.failover)
+	}
+	return goredis.NewClient(t.opt)
+}
+
+// CheckURL reports whether a store URL is well formed, without connecting.
 // Accepted forms:
 //
 //	redis://[[user]:password@]host:port/db[?prefix=P&<go-redis options>]
@@ -91,34 +105,38 @@ var (
 //	rediss-sentinel://…             Sentinel, with TLS to sentinels and master
 //
 // The user and password of a Sentinel URL are the master's; the sentinels'
-// own password goes in sentinel_password.
-func ParseURL(raw string) (client func() *goredis.Client, prefix string, err error) {
+// own password goes in sentinel_password. The go-redis options are its
+// ParseURL's (dial_timeout, read_timeout, pool_size, …).
+func CheckURL(raw string) error {
+	_, err := parseURL(raw)
+	return err
+}
+
+func parseURL(raw string) (*target, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, "", fmt.Errorf("parse store URL: %w", err)
+		return nil, fmt.Errorf("parse store URL: %w", err)
 	}
 	q := u.Query()
-	prefix = q.Get("prefix")
+	t := &target{prefix: q.Get("prefix")}
 	q.Del("prefix")
-	if prefix != "" && !prefixRe.MatchString(prefix) {
-		return nil, "", fmt.Errorf("store URL: prefix %q: want 1-64 letters, digits, '.', '_', ':' or '-'", prefix)
+	if t.prefix != "" && !prefixRe.MatchString(t.prefix) {
+		return nil, fmt.Errorf("store URL: prefix %q: want 1-64 letters, digits, '.', '_', ':' or '-'", t.prefix)
 	}
 	switch u.Scheme {
 	case "redis", "rediss":
 		u.RawQuery = q.Encode()
-		opt, err := goredis.ParseURL(u.String())
-		if err != nil {
-			return nil, "", fmt.Errorf("store URL: %w", err)
+		if t.opt, err = goredis.ParseURL(u.String()); err != nil {
+			return nil, fmt.Errorf("store URL: %w", err)
 		}
-		return func() *goredis.Client { return goredis.NewClient(opt) }, prefix, nil
+		return t, nil
 	case "redis-sentinel", "rediss-sentinel":
-		opt, err := parseSentinel(u, q)
-		if err != nil {
-			return nil, "", fmt.Errorf("store URL: %w", err)
+		if t.failover, err = parseSentinel(u, q); err != nil {
+			return nil, fmt.Errorf("store URL: %w", err)
 		}
-		return func() *goredis.Client { return goredis.NewFailoverClient(opt) }, prefix, nil
+		return t, nil
 	}
-	return nil, "", fmt.Errorf("store URL: scheme %q is not redis, rediss, redis-sentinel or rediss-sentinel", u.Scheme)
+	return nil, fmt.Errorf("store URL: scheme %q is not redis, rediss, redis-sentinel or rediss-sentinel", u.Scheme)
 }
 
 func parseSentinel(u *url.URL, q url.Values) (*goredis.FailoverOptions, error) {
@@ -159,13 +177,14 @@ func parseSentinel(u *url.URL, q url.Values) (*goredis.FailoverOptions, error) {
 	return opt, nil
 }
 
-// Open connects to the Redis a store URL names (see ParseURL) and checks
+// Open connects to the Redis a store URL names (see CheckURL) and checks
 // that it answers.
 func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
-	newClient, prefix, err := ParseURL(rawURL)
+	t, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
+	prefix := t.prefix
 	if prefix == "" {
 		prefix = o.Prefix
 	}
@@ -181,7 +200,7 @@ func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
 	if o.MaxBatchSize <= 0 {
 		o.MaxBatchSize = 1000
 	}
-	s := &Store{rdb: newClient(), prefix: "{" + prefix + "}", log: o.Logger, maxBatch: o.MaxBatchSize}
+	s := &Store{rdb: t.client(), prefix: "{" + prefix + "}", log: o.Logger, maxBatch: o.MaxBatchSize}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := s.rdb.Ping(pctx).Err(); err != nil {

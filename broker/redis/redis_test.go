@@ -1,4 +1,4 @@
-package redis_test
+package redis
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/redis"
 	"github.com/spillway-dev/spillway/broker/storetest"
 )
 
@@ -25,7 +24,7 @@ func needRedis(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	s, err := redis.Open(ctx, "redis://"+addr+"/0", redis.Options{Logger: quiet})
+	s, err := Open(ctx, "redis://"+addr+"/0", Options{Logger: quiet})
 	if err == nil {
 		s.Close()
 		return
@@ -45,9 +44,9 @@ func testPrefix(t testing.TB) string {
 }
 
 // open opens a store under a fresh prefix and wipes it when the test ends.
-func open(t testing.TB, prefix string) *redis.Store {
+func open(t testing.TB, prefix string) *Store {
 	t.Helper()
-	s, err := redis.Open(context.Background(), "redis://"+addr+"/0?prefix="+prefix, redis.Options{Logger: quiet})
+	s, err := Open(context.Background(), "redis://"+addr+"/0?prefix="+prefix, Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +80,7 @@ func TestRedisConformance(t *testing.T) {
 			}
 		},
 		AdvanceFence: func(t *testing.T, s broker.Store) uint64 {
-			v, err := s.(*redis.Store).AdvanceFence(context.Background())
+			v, err := s.(*Store).AdvanceFence(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
