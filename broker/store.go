@@ -72,6 +72,14 @@ type Fenced interface {
 	Fence(ctx context.Context) (uint64, error)
 }
 
+// BucketLister is implemented by stores that can name their buckets, so
+// that tools (`spillway store copy`) move every bucket, including ones
+// added after the tool was written.
+type BucketLister interface {
+	// Buckets returns the buckets holding at least one key, by name.
+	Buckets(ctx context.Context) ([]Bucket, error)
+}
+
 // Tx is one transaction. Byte slices returned by Get and passed to Scan
 // callbacks are valid only until the transaction ends; copy what you keep.
 type Tx interface {

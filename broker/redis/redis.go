@@ -31,6 +31,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,8 +78,9 @@ type Store struct {
 }
 
 var (
-	_ broker.Store  = (*Store)(nil)
-	_ broker.Fenced = (*Store)(nil)
+	_ broker.Store        = (*Store)(nil)
+	_ broker.Fenced       = (*Store)(nil)
+	_ broker.BucketLister = (*Store)(nil)
 )
 
 // target is a parsed store URL.
@@ -314,25 +316,18 @@ func (s *Store) Close() error {
 	return s.rdb.Close()
 }
 
-// Keys counts the keys of every bucket the store holds (for copies and
-// checks), by bucket.
-func (s *Store) Keys(ctx context.Context) (map[broker.Bucket]int64, error) {
-	out := map[broker.Bucket]int64{}
-	pattern := s.prefix + ":k:*"
-	iter := s.rdb.Scan(ctx, 0, pattern, 256).Iterator()
+// Buckets lists the buckets that hold at least one key, by name
+// (broker.BucketLister).
+func (s *Store) Buckets(ctx context.Context) ([]broker.Bucket, error) {
+	var out []broker.Bucket
+	iter := s.rdb.Scan(ctx, 0, s.prefix+":k:*", 256).Iterator()
 	for iter.Next(ctx) {
-		k := iter.Val()
-		n, err := s.rdb.ZCard(ctx, k).Result()
-		if err != nil {
-			return nil, fmt.Errorf("count %s: %w", k, err)
-		}
-		if n > 0 {
-			out[broker.Bucket(strings.TrimPrefix(k, s.prefix+":k:"))] = n
-		}
+		out = append(out, broker.Bucket(strings.TrimPrefix(iter.Val(), s.prefix+":k:")))
 	}
 	if err := iter.Err(); err != nil {
 		return nil, fmt.Errorf("list buckets: %w", err)
 	}
+	slices.Sort(out)
 	return out, nil
 }
 

@@ -49,6 +49,7 @@ func Run(t *testing.T, h Harness) {
 		{"nodes round trip", testNodes},
 		{"update sees its own writes in scans", testOwnWritesInScan},
 		{"long scans cross pages", testLongScan},
+		{"buckets are listed", testBucketLister},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
@@ -743,5 +744,22 @@ func testFenceDuringTx(t *testing.T, h Harness) {
 		cur, err := f.Fence(ctx)
 		must(t, err)
 		f.SetFence(cur)
+	}
+}
+
+func testBucketLister(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	bl, ok := s.(broker.BucketLister)
+	if !ok {
+		t.Skipf("%T does not list its buckets", s)
+	}
+	put(t, s, broker.BucketMeta, "k", "v")
+	put(t, s, broker.BucketNodes, "n", "v")
+	put(t, s, broker.BucketAudit, "a", "v")
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return tx.Delete(broker.BucketAudit, "a") }))
+	got, err := bl.Buckets(ctx)
+	must(t, err)
+	if d := cmp.Diff([]broker.Bucket{broker.BucketMeta, broker.BucketNodes}, got); d != "" {
+		t.Fatalf("buckets (-want +got):\n%s", d)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/redis"
 	"github.com/spillway-dev/spillway/broker/server"
 )
 
@@ -64,17 +65,17 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 }
 
 // openStore opens the store the config selects.
-func openStore(cfg *config.Config) (broker.Store, error) {
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (broker.Store, error) {
 	if p := cfg.StorePath(); p != "" {
 		return bolt.Open(p)
 	}
-	return nil, fmt.Errorf("store %q: only the embedded bolt store is available in this build", cfg.Store)
+	return redis.Open(ctx, cfg.Store, redis.Options{Logger: log})
 }
 
 // runBroker opens the store, listens and serves until ctx ends. ready, if
 // not nil, receives the bound address once the broker accepts requests.
 func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready chan<- string) error {
-	st, err := openStore(cfg)
+	st, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
