@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"strconv"
 	"strings"
 )
 
@@ -50,15 +51,24 @@ func (a Amount) String() string {
 		}
 	}
 	whole, frac := u/MicrosPerUnit, u%MicrosPerUnit
-	fs := strings.TrimRight(fmt.Sprintf("%06d", frac), "0")
-	for len(fs) < 2 {
-		fs += "0"
-	}
-	sign := ""
+	var buf [32]byte
+	b := buf[:0]
 	if neg {
-		sign = "-"
+		b = append(b, '-')
 	}
-	return fmt.Sprintf("%s%d.%s", sign, whole, fs)
+	b = strconv.AppendUint(b, whole, 10)
+	b = append(b, '.')
+	// six digits of the fraction, then drop trailing zeros down to two
+	var fd [6]byte
+	for i := 5; i >= 0; i-- {
+		fd[i] = byte('0' + frac%10)
+		frac /= 10
+	}
+	n := 6
+	for n > 2 && fd[n-1] == '0' {
+		n--
+	}
+	return string(append(b, fd[:n]...))
 }
 
 // Cents prints the amount rounded half away from zero to two decimals, as

@@ -1,6 +1,10 @@
 package billing
 
-import "testing"
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
 
 func TestAmountParseAndPrint(t *testing.T) {
 	cases := []struct {
@@ -50,5 +54,22 @@ func TestAmountMulDiv(t *testing.T) {
 	}
 	if Amount(-3).MulDiv(1, 2) != -2 || Amount(3).MulDiv(1, 2) != 2 {
 		t.Fatal("half away from zero")
+	}
+}
+
+func TestAmountStringRoundTrips(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 10_000 {
+		a := Amount(rng.Int64() >> rng.IntN(63))
+		if rng.IntN(2) == 0 {
+			a = -a
+		}
+		got, err := ParseAmount(a.String())
+		if err != nil || got != a {
+			t.Fatalf("ParseAmount(%q) = %d, %v; want %d", a.String(), got, err, a)
+		}
+	}
+	if s := Amount(math.MinInt64).String(); s != "-9223372036854.775808" {
+		t.Errorf("MinInt64 prints %q", s)
 	}
 }

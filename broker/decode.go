@@ -156,7 +156,10 @@ func join(path, name string) string {
 	return path + "." + name
 }
 
-var hookType = reflect.TypeOf((*specHook)(nil)).Elem()
+var (
+	hookType        = reflect.TypeOf((*specHook)(nil)).Elem()
+	unmarshalerType = reflect.TypeOf((*json.Unmarshaler)(nil)).Elem()
+)
 
 // decodeValue stores src into dst, recording problems in ve under path.
 func decodeValue(ve *ValidationError, path string, src any, dst reflect.Value) {
@@ -165,6 +168,18 @@ func decodeValue(ve *ValidationError, path string, src any, dst reflect.Value) {
 	}
 	if dst.CanAddr() && dst.Addr().Type().Implements(hookType) {
 		if err := dst.Addr().Interface().(specHook).decodeSpec(src); err != nil {
+			ve.add(path, CodeInvalid, "%s", err.Error())
+		}
+		return
+	}
+	if dst.CanAddr() && dst.Kind() != reflect.Pointer && dst.Addr().Type().Implements(unmarshalerType) {
+		// Types that read themselves from JSON (time.Time, money) get the
+		// value back as JSON.
+		raw, err := json.Marshal(src)
+		if err == nil {
+			err = dst.Addr().Interface().(json.Unmarshaler).UnmarshalJSON(raw)
+		}
+		if err != nil {
 			ve.add(path, CodeInvalid, "%s", err.Error())
 		}
 		return

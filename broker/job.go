@@ -129,6 +129,10 @@ type Job struct {
 	// prefers victims that lose the least work since then.
 	LastCheckpointAt *time.Time `json:"lastCheckpointAt,omitempty"`
 
+	// IdleSince is set while the job's cards have computed under the idle
+	// threshold for longer than the idle window: since when.
+	IdleSince *time.Time `json:"idleSince,omitempty"`
+
 	History []Transition `json:"history"`
 }
 

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/server"
 )
@@ -236,4 +237,45 @@ func (c *Client) Health(ctx context.Context) (*server.Health, error) {
 		return nil, err
 	}
 	return &out, nil
+}
+
+// BillingQuery selects a billing report or export.
+type BillingQuery struct {
+	Month       string // YYYY-MM; or From/To
+	From, To    string
+	Team        string
+	By          string // report dimensions, comma-separated
+	Format      string // export: csv or json
+	Granularity string // export: entry, hour or day
+}
+
+func (q BillingQuery) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"month": q.Month, "from": q.From, "to": q.To, "team": q.Team, "by": q.By,
+		"format": q.Format, "granularity": q.Granularity} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+// Usage fetches a billing report.
+func (c *Client) Usage(ctx context.Context, q BillingQuery) (*billing.Report, error) {
+	var rep billing.Report
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/billing/usage?"+q.values().Encode(), nil, "", &rep); err != nil {
+		return nil, err
+	}
+	return &rep, nil
+}
+
+// Export copies a billing export to w.
+func (c *Client) Export(ctx context.Context, q BillingQuery, w io.Writer) error {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/billing/export?"+q.values().Encode(), nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	redisstore "github.com/spillway-dev/spillway/broker/redis"
 )
@@ -41,8 +43,15 @@ type Config struct {
 	Queues     []Queue     `json:"queues,omitempty"`
 	Priorities []Priority  `json:"priorities,omitempty"`
 	Agents     AgentPolicy `json:"agents,omitempty"`
+	Telemetry  Telemetry   `json:"telemetry,omitempty"`
+	Idle       Idle        `json:"idle,omitempty"`
+	// Billing is the ledger's configuration (docs/billing.md).
+	Billing billing.Config `json:"billing,omitempty"`
 	// HA is the leader election of brokers sharing a Redis store.
 	HA HA `json:"ha,omitempty"`
+
+	// billing is Billing checked and compiled by Validate.
+	billing billing.Compiled
 }
 
 // HA configures the leader lease that brokers sharing a Redis store hold
@@ -293,6 +302,7 @@ func (c *Config) applyDefaults() {
 		}
 		c.HA.BrokerID = clipName(host + "-" + port)
 	}
+	c.observeDefaults()
 }
 
 // clipName keeps a derived name within nameRe's 63 characters.
@@ -431,11 +441,32 @@ func (c *Config) Validate() error {
 	if g := c.HA.AgentGrace.D(); g < 0 || g > time.Hour {
 		add("ha.agentGrace", broker.CodeOutOfRange, "must be between 0 and 1h")
 	}
+	c.validateObserve(add)
+	if comp, err := c.Billing.Compile(); err != nil {
+		var joined interface{ Unwrap() []error }
+		errs := []error{err}
+		if errors.As(err, &joined) {
+			errs = joined.Unwrap()
+		}
+		for _, e := range errs {
+			var ce *billing.ConfigError
+			if errors.As(e, &ce) {
+				add(ce.Field, broker.CodeInvalid, "%s", ce.Message)
+			} else {
+				add("billing", broker.CodeInvalid, "%v", e)
+			}
+		}
+	} else {
+		c.billing = comp
+	}
 	if len(ve.Errors) == 0 {
 		return nil
 	}
 	return ve
 }
+
+// BillingCompiled is the billing section after Validate checked it.
+func (c *Config) BillingCompiled() billing.Compiled { return c.billing }
 
 // DefaultPriority is the class a spec gets when it names none: "medium"
 // when configured, else the middle class.

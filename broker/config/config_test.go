@@ -84,3 +84,32 @@ func TestTokenHash(t *testing.T) {
 		t.Fatal("sha256 token matching")
 	}
 }
+
+// TestBillingDocExampleParses: the billing example in docs/billing.md is a
+// valid section of the broker config.
+func TestBillingDocExampleParses(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/billing.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "```yaml\nbilling:")
+	if start < 0 {
+		t.Fatal("no billing example in docs/billing.md")
+	}
+	body := doc[start+len("```yaml\n"):]
+	body = body[:strings.Index(body, "```")]
+	c, err := Parse([]byte("dataDir: x\n" + body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp := c.BillingCompiled()
+	if len(comp.Exports) != 2 || comp.Meter.Currency != "USD" || len(comp.Meter.OnPrem.ByModel["H100"]) != 2 {
+		t.Fatalf("compiled billing: %+v", comp)
+	}
+	_, err = Parse([]byte("dataDir: x\nbilling:\n  exports:\n    - {name: x, schedule: \"61 * * * *\", period: previous-day, destination: {dir: /tmp}}\n"))
+	ve, ok := broker.AsValidation(err)
+	if !ok || ve.First().Field != "billing.exports[0].schedule" {
+		t.Fatalf("bad schedule: %v", err)
+	}
+}

@@ -83,7 +83,7 @@ func (s *Server) register(c echo.Context) error {
 	var jobs []*broker.Job
 	for _, j := range s.holdingOnLocked(n.Name) {
 		jj := cloneJob(j)
-		s.loseJob(jj, now, "agent_restarted", fmt.Sprintf("the agent on %s restarted (generation %d)", n.Name, n.Generation))
+		s.loseJob(jj, now, now, "agent_restarted", fmt.Sprintf("the agent on %s restarted (generation %d)", n.Name, n.Generation))
 		jobs = append(jobs, jj)
 	}
 	if err := s.commitLocked(ctx, jobs, []*broker.Node{n}, nil); err != nil {
@@ -170,7 +170,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		}
 	}
 	if req.Telemetry != nil {
-		s.recordTelemetryLocked(n.Name, req.Telemetry)
+		s.recordTelemetryLocked(n.Name, req.Telemetry, req.Owners)
 	}
 
 	resp := &agentapi.SyncResponse{HeartbeatInterval: s.cfg.Agents.HeartbeatInterval.D(), LogOffsets: map[string]int64{}}
@@ -234,7 +234,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 			changed[j.ID] = jj
 		case j.State == broker.StateRunning:
 			jj := cloneJob(j)
-			s.loseJob(jj, now, "agent_forgot", fmt.Sprintf("the agent on %s no longer reports this attempt", n.Name))
+			s.loseJob(jj, now, now, "agent_forgot", fmt.Sprintf("the agent on %s no longer reports this attempt", n.Name))
 			changed[j.ID] = jj
 		}
 	}

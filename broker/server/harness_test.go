@@ -48,6 +48,10 @@ func testConfig(t *testing.T) *config.Config {
 listen: 127.0.0.1:0
 dataDir: %s
 agents: {heartbeatInterval: 1s, lostAfter: 3}
+billing:
+  onprem:
+    rates:
+      H100: [{perGPUHour: "2.50"}]
 auth:
   tokens:
     - {name: alice, role: user, team: nlp, token: %s}
@@ -156,6 +160,9 @@ type fakeAgent struct {
 	gen  uint64
 	jobs map[agentapi.JobRef]*agentapi.JobReport
 	last agentapi.SyncResponse
+	// util, when set, is sent as every card's compute utilisation.
+	util *int
+	gpus int
 }
 
 func simInventory(name string, n int) gpu.Inventory {
@@ -169,7 +176,7 @@ func simInventory(name string, n int) gpu.Inventory {
 
 func (h *harness) agent(name string, gpus int) *fakeAgent {
 	h.t.Helper()
-	a := &fakeAgent{h: h, name: name, jobs: map[agentapi.JobRef]*agentapi.JobReport{}}
+	a := &fakeAgent{h: h, name: name, jobs: map[agentapi.JobRef]*agentapi.JobReport{}, gpus: gpus}
 	a.register(gpus)
 	return a
 }
@@ -190,6 +197,14 @@ func (a *fakeAgent) register(gpus int) {
 func (a *fakeAgent) sync() agentapi.SyncResponse {
 	a.h.t.Helper()
 	req := agentapi.SyncRequest{Node: a.name, Generation: a.gen}
+	if a.util != nil {
+		s := gpu.Sample{At: a.h.clock.Now()}
+		for i := 0; i < a.gpus; i++ {
+			s.Devices = append(s.Devices, gpu.DeviceSample{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", a.name, i),
+				SMUtil: *a.util, MemoryUsedBytes: int64(i) << 30})
+		}
+		req.Telemetry = &s
+	}
 	for _, r := range a.jobs {
 		req.Jobs = append(req.Jobs, *r)
 	}

@@ -14,6 +14,8 @@ type metrics struct {
 	submitted    *prometheus.CounterVec
 	transitions  *prometheus.CounterVec
 	cycleSeconds prometheus.Histogram
+	idle         *prometheus.CounterVec
+	exports      *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
@@ -36,7 +38,13 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
+	m.idle = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spillway_jobs_idle_total", Help: "Jobs found holding GPUs under the idle threshold for the idle window, by queue.",
+	}, []string{"queue"})
+	m.exports = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spillway_billing_export_runs_total", Help: "Scheduled billing export runs, by export and outcome (ok, failed, waiting).",
+	}, []string{"export", "state"})
+	reg.MustRegister(m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s})
 	return m

@@ -25,6 +25,8 @@ type CardView struct {
 	Unhealthy string   `json:"unhealthy,omitempty"`
 	// Telemetry is the card's latest sample, if the agent sent one.
 	Telemetry *gpu.DeviceSample `json:"telemetry,omitempty"`
+	// ProcessJobs maps the PIDs on the card to their jobs, where known.
+	ProcessJobs map[int]string `json:"processJobs,omitempty"`
 }
 
 // NodeView is a node with its cards.
@@ -34,11 +36,6 @@ type NodeView struct {
 	FreeGPUs int        `json:"freeGpus"`
 	// SampledAt is when the latest telemetry was taken.
 	SampledAt *time.Time `json:"sampledAt,omitempty"`
-}
-
-// recordTelemetryLocked keeps the latest sample per node for views.
-func (s *Server) recordTelemetryLocked(node string, sample *gpu.Sample) {
-	s.telemetry[node] = sample
 }
 
 func (s *Server) nodeViewsLocked() []NodeView {
@@ -76,6 +73,14 @@ func (s *Server) nodeViewsLocked() []NodeView {
 					if sample.Devices[i].Index == d.Index {
 						ds := sample.Devices[i]
 						cv.Telemetry = &ds
+						for _, p := range ds.Processes {
+							if job, ok := s.owners[n.Name][p.PID]; ok {
+								if cv.ProcessJobs == nil {
+									cv.ProcessJobs = map[int]string{}
+								}
+								cv.ProcessJobs[p.PID] = job
+							}
+						}
 					}
 				}
 			}

@@ -38,6 +38,11 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 
 	v1.GET("/nodes", s.listNodes, people)
 	v1.GET("/nodes/:name", s.getNode, people)
+	v1.GET("/telemetry", s.getTelemetry, people)
+
+	billingRoles := allow(config.RoleUser, config.RoleOperator, config.RoleFinance)
+	v1.GET("/billing/usage", s.usage, billingRoles)
+	v1.GET("/billing/export", s.export, billingRoles)
 
 	agents := allow(config.RoleAgent)
 	v1.POST(agentapi.PathRegister[len("/v1"):], s.register, agents)

@@ -59,8 +59,14 @@ type Server struct {
 	// reasons is the latest pending reason of each pending job; only the
 	// code is persisted, the full text lives here.
 	reasons map[string]broker.PendingReason
-	// telemetry is the latest GPU sample of each node.
+	// telemetry is the latest GPU sample of each node, owners its
+	// processes' jobs.
 	telemetry map[string]*gpu.Sample
+	owners    map[string]map[int]string
+	tele      telemetryState
+	// quiet[j] is when job j's cards last dropped under the idle threshold.
+	quiet map[string]time.Time
+	meter meterState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
@@ -89,6 +95,10 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		byNode:    map[string]map[string]bool{},
 		reasons:   map[string]broker.PendingReason{},
 		telemetry: map[string]*gpu.Sample{},
+		owners:    map[string]map[int]string{},
+		tele:      telemetryState{open: map[gpuKey]*accum{}},
+		quiet:     map[string]time.Time{},
+		meter:     meterState{reported: map[string]bool{}},
 		nodeWake:  map[string]chan struct{}{},
 		schedWake: make(chan struct{}, 1),
 	}
@@ -145,6 +155,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		defer close(loopDone)
 		s.loop(ctx)
 	}()
+	exportsDone := make(chan struct{})
+	go func() {
+		defer close(exportsDone)
+		s.runExports(ctx)
+	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	s.log.Info("broker serving", "addr", l.Addr().String(), "version", Version)
@@ -157,6 +172,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(shutdown)
 	<-loopDone
+	<-exportsDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}

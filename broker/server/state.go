@@ -48,9 +48,13 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 	if len(jobs) == 0 && len(nodes) == 0 && extra == nil {
 		return nil
 	}
+	now := s.clock.Now()
 	err := s.store.Update(ctx, func(tx broker.Tx) error {
 		for _, j := range jobs {
 			if err := broker.PutJob(tx, j); err != nil {
+				return err
+			}
+			if err := s.allocChangesLocked(tx, s.jobs[j.ID], j, now); err != nil {
 				return err
 			}
 		}
@@ -128,6 +132,18 @@ func (s *Server) Cycle(ctx context.Context) error {
 	now := s.clock.Now()
 	if err := s.checkNodesLocked(ctx, now); err != nil {
 		return err
+	}
+	if err := s.checkIdleLocked(ctx, now); err != nil {
+		return err
+	}
+	if err := s.flushTelemetryLocked(ctx, now); err != nil {
+		s.log.Error("telemetry flush failed", "err", err)
+	}
+	if now.Sub(s.meter.last) >= s.meterEvery() {
+		s.meter.last = now
+		if err := s.meterLocked(ctx, now); err != nil {
+			s.log.Error("metering failed", "err", err)
+		}
 	}
 	snap := s.snapshotLocked(now)
 	t0 := time.Now()
@@ -244,7 +260,13 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 		s.log.Warn("node lost", "node", n.Name, "last_seen", n.LastSeen, "ttl", ttl)
 		for _, j := range s.holdingOnLocked(n.Name) {
 			jj := cloneJob(j)
-			s.loseJob(jj, now, "node_lost", fmt.Sprintf("node %s missed its heartbeats (last seen %s)", n.Name, n.LastSeen.UTC().Format(time.RFC3339)))
+			// The job is lost as of the node's last heartbeat: that is
+			// also where its GPU-time stops being metered.
+			lostAt := n.LastSeen
+			if last := jj.History[len(jj.History)-1].At; lostAt.Before(last) {
+				lostAt = last
+			}
+			s.loseJob(jj, lostAt, now, "node_lost", fmt.Sprintf("node %s missed its heartbeats (last seen %s)", n.Name, n.LastSeen.UTC().Format(time.RFC3339)))
 			jobs = append(jobs, jj)
 		}
 	}
@@ -262,10 +284,11 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// loseJob records that a job's attempt vanished with its node (or agent):
-// back to the queue, unless the job must never be restarted.
-func (s *Server) loseJob(j *broker.Job, now time.Time, reason, detail string) {
-	j.Transit(now, broker.StateLost, reason, detail)
+// loseJob records that a job's attempt vanished with its node (or agent)
+// at lostAt, noticed now: back to the queue, unless the job must never be
+// restarted.
+func (s *Server) loseJob(j *broker.Job, lostAt, now time.Time, reason, detail string) {
+	j.Transit(lostAt, broker.StateLost, reason, detail)
 	if j.Spec.RestartPolicy == broker.RestartNever && !j.Spec.Preemptible {
 		j.Transit(now, broker.StateFailed, reason, "restartPolicy Never: not requeued")
 		return

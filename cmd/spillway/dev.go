@@ -153,6 +153,11 @@ scheduler:
 agents:
   heartbeatInterval: 1s
   lostAfter: 5
+billing:
+  currency: USD
+  onprem:
+    rates:
+      H100: [{perGPUHour: "2.10"}]   # amortised cost of an owned H100
 auth:
   tokens:
     - {name: alice, role: user, team: nlp, token: %s}

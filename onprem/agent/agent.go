@@ -111,7 +111,7 @@ func (ag *Agent) wake() {
 func (ag *Agent) Run(ctx context.Context) error {
 	ag.killLeftovers()
 	defer ag.shutdown()
-	backoff := time.Second
+	backoff := 250 * time.Millisecond
 	registered := false
 	for ctx.Err() == nil {
 		if !registered {
@@ -121,15 +121,15 @@ func (ag *Agent) Run(ctx context.Context) error {
 				}
 				ag.log.Warn("register failed; retrying", "err", err, "in", backoff)
 				sleep(ctx, backoff)
-				backoff = min(backoff*2, 15*time.Second)
+				backoff = min(backoff*2, ag.retryCap())
 				continue
 			}
-			registered, backoff = true, time.Second
+			registered, backoff = true, 250*time.Millisecond
 		}
 		err := ag.syncOnce(ctx)
 		switch {
 		case err == nil:
-			backoff = time.Second
+			backoff = 250 * time.Millisecond
 		case errors.Is(err, errReregister):
 			ag.log.Warn("broker asks to register again", "err", err)
 			ag.killAll("reregister")
@@ -140,10 +140,19 @@ func (ag *Agent) Run(ctx context.Context) error {
 			// keeps enforcing their timeouts; reports wait until it is back.
 			ag.log.Warn("sync failed; retrying", "err", err, "in", backoff)
 			sleep(ctx, backoff)
-			backoff = min(backoff*2, 10*time.Second)
+			backoff = min(backoff*2, ag.retryCap())
 		}
 	}
 	return nil
+}
+
+// retryCap bounds the wait between retries while the broker is away: one
+// heartbeat interval, so that a restarted broker hears from every agent
+// well within its node TTL.
+func (ag *Agent) retryCap() time.Duration {
+	ag.mu.Lock()
+	defer ag.mu.Unlock()
+	return max(ag.interval, 500*time.Millisecond)
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -301,6 +310,7 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 	if s, err := ag.backend.Sample(); err == nil {
 		ag.noteEventsLocked(s)
 		req.Telemetry = &s
+		req.Owners = ag.ownersLocked(s)
 	} else {
 		ag.log.Warn("gpu sample failed", "err", err)
 	}

@@ -113,16 +113,52 @@ func belongsTo(pid int, jobs map[string]bool, groups map[int]bool) bool {
 	if pgid, err := syscall.Getpgid(pid); err == nil && groups[pgid] {
 		return true
 	}
+	return jobs[inheritedJob(pid)]
+}
+
+// inheritedJob is the SPILLWAY_JOB_ID in a process's environment ("" if
+// none or unreadable).
+func inheritedJob(pid int) string {
 	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
 	if err != nil {
-		return false
+		return ""
 	}
 	for _, kv := range bytes.Split(env, []byte{0}) {
 		if id, ok := bytes.CutPrefix(kv, []byte("SPILLWAY_JOB_ID=")); ok {
-			return jobs[string(id)]
+			return string(id)
 		}
 	}
-	return false
+	return ""
+}
+
+// ownersLocked tells, for each process on a card, which job it belongs to:
+// the attempt whose process group it is in, else the job id it inherited.
+func (ag *Agent) ownersLocked(s gpu.Sample) map[int]string {
+	groups := map[int]string{}
+	for ref, r := range ag.runs {
+		if r.pgid > 0 {
+			groups[r.pgid] = ref.Job
+		}
+	}
+	var out map[int]string
+	for _, d := range s.Devices {
+		for _, p := range d.Processes {
+			job := ""
+			if pgid, err := syscall.Getpgid(p.PID); err == nil {
+				job = groups[pgid]
+			}
+			if job == "" {
+				job = inheritedJob(p.PID)
+			}
+			if job != "" {
+				if out == nil {
+					out = map[int]string{}
+				}
+				out[p.PID] = job
+			}
+		}
+	}
+	return out
 }
 
 // noteEventsLocked takes cards out of the pool on critical events: an XID

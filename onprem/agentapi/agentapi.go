@@ -84,13 +84,16 @@ type LogChunk struct {
 // SyncRequest is the heartbeat: the agent's whole state, new log bytes and
 // a telemetry sample.
 type SyncRequest struct {
-	Node       string         `json:"node"`
-	Generation uint64         `json:"generation"`
-	Jobs       []JobReport    `json:"jobs"`
-	Logs       []LogChunk     `json:"logs,omitempty"`
-	Telemetry  *gpu.Sample    `json:"telemetry,omitempty"`
-	Unhealthy  map[int]string `json:"unhealthy,omitempty"`
-	Leaks      []Leak         `json:"leaks,omitempty"`
+	Node       string      `json:"node"`
+	Generation uint64      `json:"generation"`
+	Jobs       []JobReport `json:"jobs"`
+	Logs       []LogChunk  `json:"logs,omitempty"`
+	Telemetry  *gpu.Sample `json:"telemetry,omitempty"`
+	// Owners maps the PIDs in Telemetry to the job each belongs to, as far
+	// as the agent can tell (process group or inherited SPILLWAY_JOB_ID).
+	Owners    map[int]string `json:"owners,omitempty"`
+	Unhealthy map[int]string `json:"unhealthy,omitempty"`
+	Leaks     []Leak         `json:"leaks,omitempty"`
 	// Wait asks the broker to hold the answer up to this long when it has
 	// no new orders (long poll).
 	Wait time.Duration `json:"wait,omitempty"`

@@ -105,3 +105,22 @@ type Backend interface {
 	// Close releases the backend.
 	Close() error
 }
+
+// ShortModel turns a product name as NVML reports it into the short model
+// name operators write in rates, offers and gpuModel constraints:
+// "NVIDIA H100 80GB HBM3" → "H100", "NVIDIA A100-SXM4-80GB" → "A100",
+// "Tesla V100-SXM2-32GB" → "V100".
+func ShortModel(product string) string {
+	s := product
+	for _, p := range []string{"NVIDIA ", "Tesla ", "GeForce ", "Quadro "} {
+		if len(s) > len(p) && s[:len(p)] == p {
+			s = s[len(p):]
+		}
+	}
+	for i, r := range s {
+		if r == ' ' || r == '-' {
+			return s[:i]
+		}
+	}
+	return s
+}

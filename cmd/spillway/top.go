@@ -1,0 +1,71 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spillway-dev/spillway/broker/server"
+)
+
+func topCmd(g *globals) *cobra.Command {
+	var node string
+	cmd := &cobra.Command{
+		Use:   "top",
+		Short: "Who holds each card and is it computing: model, memory, compute, power, job, team, processes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.checkOutput(); err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			nodes, err := c.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if node != "" {
+				nodes = slices.DeleteFunc(nodes, func(n server.NodeView) bool { return n.Name != node })
+			}
+			if g.json() {
+				return g.printJSON(nodes)
+			}
+			w := g.table()
+			fmt.Fprintln(w, "NODE\tGPU\tMODEL\tMEMORY\tCOMPUTE\tPOWER\tJOB\tTEAM\tPROCESSES")
+			for _, n := range nodes {
+				for _, cv := range n.Cards {
+					mem, util, power, procs := "-", "-", "-", ""
+					if t := cv.Telemetry; t != nil {
+						mem = fmt.Sprintf("%s/%s", gib(t.MemoryUsedBytes), gib(cv.MemoryBytes))
+						util = fmt.Sprintf("%d%%", t.SMUtil)
+						power = fmt.Sprintf("%.0fW", t.PowerWatts)
+						var ps []string
+						for _, p := range t.Processes {
+							owner := cv.ProcessJobs[p.PID]
+							if owner == "" {
+								owner = "not a spillway job"
+							}
+							ps = append(ps, fmt.Sprintf("%d %s (%s)", p.PID, gib(p.UsedMemoryBytes), owner))
+						}
+						procs = strings.Join(ps, ", ")
+					}
+					job, team := dash(strings.Join(cv.Jobs, ",")), dash(strings.Join(cv.Teams, ","))
+					if cv.Unhealthy != "" {
+						job = "UNHEALTHY: " + cv.Unhealthy
+					}
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, cv.Index, shortGPU(cv.Model), mem, util, power, job, team, procs)
+				}
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&node, "node", "", "only this node")
+	return cmd
+}
+
+// gib prints bytes as GiB with one decimal.
+func gib(b int64) string { return fmt.Sprintf("%.1fGiB", float64(b)/(1<<30)) }
