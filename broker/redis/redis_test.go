@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/billing/billingtest"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/storetest"
 )
@@ -86,5 +87,18 @@ func TestRedisConformance(t *testing.T) {
 			}
 			return v
 		},
+	})
+}
+
+// TestLedgerConformance: the billing ledger on Redis passes the same
+// contract as on bbolt.
+func TestLedgerConformance(t *testing.T) {
+	needRedis(t)
+	billingtest.RunStoreConformance(t, func(t *testing.T) billingtest.Backend {
+		prefix := testPrefix(t)
+		wipeAtEnd(t, prefix)
+		s := open(t, prefix)
+		t.Cleanup(func() { s.Close() })
+		return broker.Ledger{Store: s}
 	})
 }
