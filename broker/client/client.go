@@ -28,7 +28,7 @@ type Client struct {
 
 // New returns a client for the broker at baseURL.
 func New(baseURL, token string) *Client {
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{}}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: followRedirects}}
 }
 
 // APIError is an error answer of the API.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/clock"
 )
 
@@ -33,17 +34,7 @@ type ElectorConfig struct {
 }
 
 // Status is what an elector knows now.
-type Status struct {
-	// Leader: this broker holds the lease, and Token is the fencing token
-	// it won with (0 otherwise).
-	Leader bool
-	Token  uint64
-	// LeaderID and LeaderURL name the holder as last seen ("" when none).
-	LeaderID  string
-	LeaderURL string
-	// Err is the last error talking to Redis, nil while it answers.
-	Err error
-}
+type Status = broker.LeaderStatus
 
 // Elector campaigns for the leader lease of one store and tells its
 // observers who leads. The lease is a key set only when absent, with a TTL
@@ -68,6 +59,8 @@ type Elector struct {
 	deadline time.Time // local end of the lease while leader
 	changes  chan struct{}
 }
+
+var _ broker.Elector = (*Elector)(nil)
 
 // NewElector makes an elector for this store's cluster; Run campaigns.
 func (s *Store) NewElector(cfg ElectorConfig) (*Elector, error) {

@@ -33,6 +33,10 @@ type Options struct {
 	Clock    clock.Clock
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Elector, when set, is the leader election among brokers sharing the
+	// store: the broker stands by until it wins a lease (leader.go).
+	// Without one the broker always leads.
+	Elector broker.Elector
 }
 
 // Server is one broker process.
@@ -71,6 +75,8 @@ type Server struct {
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
 	schedWake chan struct{}
+	// ha is the leader election, nil when this broker always leads.
+	ha *haState
 }
 
 // New builds a broker over an open store and loads its state.
@@ -103,7 +109,9 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		schedWake: make(chan struct{}, 1),
 	}
 	s.metrics = newMetrics(opt.Registry, s)
-	if err := s.load(ctx); err != nil {
+	if opt.Elector != nil {
+		s.initHA(opt.Elector) // state loads when a lease is won
+	} else if err := s.load(ctx); err != nil {
 		return nil, err
 	}
 	s.echo = s.routes(opt.Registry)
@@ -153,12 +161,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
-		s.loop(ctx)
-	}()
-	exportsDone := make(chan struct{})
-	go func() {
-		defer close(exportsDone)
-		s.runExports(ctx)
+		s.lead(ctx) // the scheduling loop and the other leader tasks
 	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -172,7 +175,6 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(shutdown)
 	<-loopDone
-	<-exportsDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}
