@@ -23,11 +23,11 @@ import (
 	"github.com/spillway-dev/spillway/broker/redis"
 )
 
-// benchClients is how many clients submit at once in BenchmarkSubmit.
-const benchClients = 32
+// benchClients are the numbers of clients that submit at once.
+var benchClients = []int{16, 64}
 
 // BenchmarkSubmit measures durable submits through the real HTTP API on
-// loopback: a broker serving on 127.0.0.1, benchClients clients posting
+// loopback: a broker serving on 127.0.0.1, 16 or 64 clients posting
 // job specs over keep-alive connections, each submit answered only once
 // the job is in the store. It reports submits per second and the 50th and
 // 99th percentile latency, on the embedded store and on Redis (skipped
@@ -35,28 +35,32 @@ const benchClients = 32
 // that the figures are the API's and the store's; BenchmarkSubmitScheduling
 // runs the loop too. docs/benchmarks.md records figures.
 func BenchmarkSubmit(b *testing.B) {
-	b.Run("store=bolt", func(b *testing.B) {
-		st, err := bolt.Open(filepath.Join(b.TempDir(), bolt.FileName))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer st.Close()
-		benchSubmit(b, st, false)
-	})
-	b.Run("store=redis", func(b *testing.B) {
-		buf := make([]byte, 6)
-		_, _ = rand.Read(buf)
-		st, err := redis.Open(context.Background(), "redis://127.0.0.1:6379/0?prefix=spillway-bench-"+hex.EncodeToString(buf),
-			redis.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			b.Skipf("start redis-server on 127.0.0.1:6379: %v", err)
-		}
-		defer func() {
-			st.Wipe(context.Background())
-			st.Close()
-		}()
-		benchSubmit(b, st, false)
-	})
+	for _, clients := range benchClients {
+		b.Run(fmt.Sprintf("store=bolt/clients=%d", clients), func(b *testing.B) {
+			st, err := bolt.Open(filepath.Join(b.TempDir(), bolt.FileName))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			benchSubmit(b, st, clients, false)
+		})
+	}
+	for _, clients := range benchClients {
+		b.Run(fmt.Sprintf("store=redis/clients=%d", clients), func(b *testing.B) {
+			buf := make([]byte, 6)
+			_, _ = rand.Read(buf)
+			st, err := redis.Open(context.Background(), "redis://127.0.0.1:6379/0?prefix=spillway-bench-"+hex.EncodeToString(buf),
+				redis.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				b.Skipf("start redis-server on 127.0.0.1:6379: %v", err)
+			}
+			defer func() {
+				st.Wipe(context.Background())
+				st.Close()
+			}()
+			benchSubmit(b, st, clients, false)
+		})
+	}
 }
 
 // BenchmarkSubmitScheduling is BenchmarkSubmit on the embedded store with
@@ -69,10 +73,10 @@ func BenchmarkSubmitScheduling(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	benchSubmit(b, st, true)
+	benchSubmit(b, st, benchClients[0], true)
 }
 
-func benchSubmit(b *testing.B, st broker.Store, loop bool) {
+func benchSubmit(b *testing.B, st broker.Store, clients int, loop bool) {
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 listen: 127.0.0.1:0
 dataDir: %s
@@ -108,7 +112,7 @@ auth:
 		}()
 	}
 	url := "http://" + l.Addr().String() + "/v1/jobs"
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchClients, MaxConnsPerHost: benchClients}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients, MaxConnsPerHost: clients}}
 	body := []byte(`{"name":"bench","project":"throughput","resources":{"gpus":1},"timeout":"1h","command":["python","train.py"]}`)
 	submit := func() (time.Duration, error) {
 		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
@@ -127,18 +131,18 @@ auth:
 		return time.Since(t), nil
 	}
 	// Warm the connections up.
-	for i := 0; i < benchClients; i++ {
+	for i := 0; i < clients; i++ {
 		if _, err := submit(); err != nil {
 			b.Fatal(err)
 		}
 	}
 	var next atomic.Int64
-	lat := make([][]time.Duration, benchClients)
-	errs := make(chan error, benchClients)
+	lat := make([][]time.Duration, clients)
+	errs := make(chan error, clients)
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	start := time.Now()
-	for w := 0; w < benchClients; w++ {
+	for w := 0; w < clients; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()

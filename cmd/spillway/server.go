@@ -80,7 +80,17 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 		return err
 	}
 	defer st.Close()
-	srv, err := server.New(ctx, cfg, st, server.Options{Logger: log})
+	opt := server.Options{Logger: log}
+	if rs, ok := st.(*redis.Store); ok {
+		// Brokers sharing a Redis elect one leader (docs/operations.md).
+		el, err := rs.NewElector(redis.ElectorConfig{ID: cfg.HA.BrokerID, URL: cfg.AdvertiseURL,
+			TTL: cfg.HA.LeaseTTL.D(), RenewEvery: cfg.HA.RenewInterval.D(), Logger: log})
+		if err != nil {
+			return err
+		}
+		opt.Elector = el
+	}
+	srv, err := server.New(ctx, cfg, st, opt)
 	if err != nil {
 		return err
 	}
