@@ -109,7 +109,9 @@ type ConfigError struct {
 	Message string
 }
 
-func (e *ConfigError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrInvalidConfig, e.Field, e.Message) }
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("%v: %s: %s", ErrInvalidConfig, e.Field, e.Message)
+}
 
 // Unwrap makes errors.Is(err, ErrInvalidConfig) hold.
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }

@@ -32,6 +32,10 @@ const (
 // BucketLedger); marks live in BucketMeta under "billing/".
 type Ledger struct {
 	Store Store
+	// Budgets, when set, cuts burst spend into months in this zone and
+	// settles budget reservations in the transaction that appends the
+	// entries (see settle).
+	Budgets *time.Location
 }
 
 var (
@@ -78,6 +82,11 @@ func (l Ledger) Append(ctx context.Context, entries []billing.Entry) (int, error
 				}
 				if err := tx.Put(BucketLedgerIDs, e.ID, []byte(k)); err != nil {
 					return err
+				}
+				if l.Budgets != nil {
+					if err := settle(tx, e, l.Budgets); err != nil {
+						return err
+					}
 				}
 				n++
 			}

@@ -96,7 +96,11 @@ func start(t *testing.T, name string, args ...string) *proc {
 		close(p.done)
 	}()
 	t.Cleanup(func() {
-		p.kill()
+		// A clean stop first: an agent stops its jobs on the way out, so
+		// no test leaves processes holding simulated cards for the next.
+		if p.stop(10*time.Second) != nil {
+			p.kill()
+		}
 		if t.Failed() {
 			t.Logf("--- %s output ---\n%s", name, p.output())
 		}
@@ -189,6 +193,11 @@ func (c *cluster) waitHealthy(within time.Duration) {
 
 func (c *cluster) agent(name, gpus string) *proc {
 	c.t.Helper()
+	if strings.HasPrefix(gpus, "sim:") {
+		// Cards of their own: a stray process of another test never
+		// holds this cluster's simulated cards.
+		gpus += ",seed=" + filepath.Base(c.dir)
+	}
 	return start(c.t, "agent "+name, "agent", "--broker", c.url, "--token", tokAgent, "--name", name,
 		"--gpus", gpus, "--data-dir", filepath.Join(c.dir, "agent-"+name))
 }

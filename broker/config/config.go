@@ -37,16 +37,23 @@ type Config struct {
 	// Cluster names this installation; burst machines carry it as a tag.
 	Cluster string `json:"cluster,omitempty"`
 
-	Log        Log         `json:"log,omitempty"`
-	Auth       Auth        `json:"auth"`
-	Scheduler  Scheduler   `json:"scheduler,omitempty"`
-	Queues     []Queue     `json:"queues,omitempty"`
-	Priorities []Priority  `json:"priorities,omitempty"`
-	Agents     AgentPolicy `json:"agents,omitempty"`
-	Telemetry  Telemetry   `json:"telemetry,omitempty"`
-	Idle       Idle        `json:"idle,omitempty"`
+	Log        Log        `json:"log,omitempty"`
+	Auth       Auth       `json:"auth"`
+	Scheduler  Scheduler  `json:"scheduler,omitempty"`
+	Queues     []Queue    `json:"queues,omitempty"`
+	Priorities []Priority `json:"priorities,omitempty"`
+	// Teams sets fair-share weights and quotas per team; a team that is
+	// not listed has share 1 and no quota (no guarantee, no limit).
+	Teams     []Team      `json:"teams,omitempty"`
+	Agents    AgentPolicy `json:"agents,omitempty"`
+	Telemetry Telemetry   `json:"telemetry,omitempty"`
+	Idle      Idle        `json:"idle,omitempty"`
 	// Billing is the ledger's configuration (docs/billing.md).
 	Billing billing.Config `json:"billing,omitempty"`
+	// Burst configures the burst controller; Providers are where it
+	// rents machines (docs/bursting.md, docs/providers.md).
+	Burst     Burst      `json:"burst,omitempty"`
+	Providers []Provider `json:"providers,omitempty"`
 	// HA is the leader election of brokers sharing a Redis store.
 	HA HA `json:"ha,omitempty"`
 
@@ -131,6 +138,32 @@ type Scheduler struct {
 	DefaultMaxGPUs int `json:"defaultMaxGPUs,omitempty"`
 	// MaxNodes bounds resources.nodes (gang size).
 	MaxNodes int `json:"maxNodes,omitempty"`
+	// FairShareHalfLife is how fast past usage is forgotten: a team's
+	// GPU-seconds count half after one half-life.
+	FairShareHalfLife broker.Duration `json:"fairShareHalfLife,omitempty"`
+	// MaxAge is the wait at which the age factor of the score reaches 1.
+	MaxAge broker.Duration `json:"maxAge,omitempty"`
+	// StarvationAge is the wait after which a job is promoted ahead of
+	// every job that has not waited as long (the starvation guard).
+	StarvationAge broker.Duration `json:"starvationAge,omitempty"`
+	// Weights of the multifactor score inside a priority class.
+	Weights Weights `json:"weights,omitempty"`
+	// MaxSharersPerGPU caps the jobs sharing one card.
+	MaxSharersPerGPU int `json:"maxSharersPerGPU,omitempty"`
+	// GangLabel is the node label whose value a multi-node job's nodes
+	// must share (with GPU model, driver version and pool).
+	GangLabel string `json:"gangLabel,omitempty"`
+}
+
+// Weights weigh the factors of the multifactor score; each factor lies in
+// [0, 1]. Default() sets them; a config may set any of them to 0.
+type Weights struct {
+	// Age weighs how long the job has waited (up to scheduler.maxAge).
+	Age int `json:"age"`
+	// FairShare weighs 2^(-usage/share) of the job's team.
+	FairShare int `json:"fairShare"`
+	// Size weighs the job's GPUs relative to the largest node.
+	Size int `json:"size"`
 }
 
 // Queue kinds.
@@ -149,6 +182,45 @@ type Queue struct {
 	MaxTimeout     broker.Duration `json:"maxTimeout,omitempty"`
 	// Sharing lets jobs asking for less than a card's memory share cards.
 	Sharing bool `json:"sharing,omitempty"`
+	// Reserved is the number of GPUs held for this queue: jobs of other
+	// queues may use them only when preemptible, and this queue's jobs
+	// take them back by preemption.
+	Reserved int `json:"reserved,omitempty"`
+}
+
+// Team is one team's fair share and quota.
+type Team struct {
+	Name string `json:"name"`
+	// Share weighs the team in fair share (default 1).
+	Share float64 `json:"share,omitempty"`
+	// Quota is the team's guaranteed GPUs and borrowing limit; absent
+	// means no guarantee and no limit.
+	Quota *Quota `json:"quota,omitempty"`
+	// Projects caps projects inside the team.
+	Projects []Project `json:"projects,omitempty"`
+}
+
+// Quota is a guaranteed number of GPUs and how many more may be borrowed
+// from idle capacity, like Kueue's nominalQuota and borrowingLimit.
+type Quota struct {
+	// GPUs are guaranteed: the team may take them back by preemption from
+	// teams that borrow.
+	GPUs int `json:"gpus"`
+	// BorrowLimit is how many GPUs above GPUs the team may use; absent
+	// means no limit, 0 means no borrowing.
+	BorrowLimit *int `json:"borrowLimit,omitempty"`
+}
+
+// Project is a quota for one project of a team, with the meaning of
+// Quota's fields, counted over the project's jobs only.
+type Project struct {
+	Name string `json:"name"`
+	// GPUs are guaranteed to the project: its jobs may take them back
+	// from sibling projects that borrow.
+	GPUs int `json:"gpus"`
+	// BorrowLimit is how many GPUs above GPUs the project may use; absent
+	// means no limit beyond the team's.
+	BorrowLimit *int `json:"borrowLimit,omitempty"`
 }
 
 // Priority is one priority class; a higher Value runs first.
@@ -181,9 +253,15 @@ func Default() Config {
 		Cluster: "spillway",
 		Log:     Log{Level: "info", Format: "text"},
 		Scheduler: Scheduler{
-			Interval:       broker.Duration(time.Second),
-			DefaultMaxGPUs: 8,
-			MaxNodes:       64,
+			Interval:          broker.Duration(time.Second),
+			DefaultMaxGPUs:    8,
+			MaxNodes:          64,
+			FairShareHalfLife: broker.Duration(7 * 24 * time.Hour),
+			MaxAge:            broker.Duration(7 * 24 * time.Hour),
+			StarvationAge:     broker.Duration(24 * time.Hour),
+			Weights:           Weights{Age: 1000, FairShare: 1000, Size: 0},
+			MaxSharersPerGPU:  4,
+			GangLabel:         "fabric",
 		},
 		Agents: AgentPolicy{
 			HeartbeatInterval: broker.Duration(2 * time.Second),
@@ -273,6 +351,26 @@ func (c *Config) applyDefaults() {
 	if c.Scheduler.MaxNodes == 0 {
 		c.Scheduler.MaxNodes = d.Scheduler.MaxNodes
 	}
+	if c.Scheduler.FairShareHalfLife == 0 {
+		c.Scheduler.FairShareHalfLife = d.Scheduler.FairShareHalfLife
+	}
+	if c.Scheduler.MaxAge == 0 {
+		c.Scheduler.MaxAge = d.Scheduler.MaxAge
+	}
+	if c.Scheduler.StarvationAge == 0 {
+		c.Scheduler.StarvationAge = d.Scheduler.StarvationAge
+	}
+	if c.Scheduler.MaxSharersPerGPU == 0 {
+		c.Scheduler.MaxSharersPerGPU = d.Scheduler.MaxSharersPerGPU
+	}
+	if c.Scheduler.GangLabel == "" {
+		c.Scheduler.GangLabel = d.Scheduler.GangLabel
+	}
+	for i := range c.Teams {
+		if c.Teams[i].Share == 0 {
+			c.Teams[i].Share = 1
+		}
+	}
 	if c.Agents.HeartbeatInterval == 0 {
 		c.Agents.HeartbeatInterval = d.Agents.HeartbeatInterval
 	}
@@ -303,6 +401,7 @@ func (c *Config) applyDefaults() {
 		c.HA.BrokerID = clipName(host + "-" + port)
 	}
 	c.observeDefaults()
+	c.burstDefaults()
 }
 
 // clipName keeps a derived name within nameRe's 63 characters.
@@ -389,6 +488,7 @@ func (c *Config) Validate() error {
 	if c.Scheduler.MaxNodes < 1 || c.Scheduler.MaxNodes > 256 {
 		add("scheduler.maxNodes", broker.CodeOutOfRange, "must be between 1 and 256")
 	}
+	c.validateScheduling(add)
 	qnames := map[string]bool{}
 	for i, q := range c.Queues {
 		f := fmt.Sprintf("queues[%d]", i)
@@ -403,6 +503,9 @@ func (c *Config) Validate() error {
 		}
 		if q.DefaultTimeout <= 0 || q.MaxTimeout <= 0 || q.DefaultTimeout > q.MaxTimeout {
 			add(f+".defaultTimeout", broker.CodeOutOfRange, "must be greater than 0 and at most maxTimeout")
+		}
+		if q.Reserved < 0 || q.Reserved > maxGPUCount {
+			add(f+".reserved", broker.CodeOutOfRange, "must be between 0 and %d GPUs", maxGPUCount)
 		}
 	}
 	if len(c.Queues) > 0 && !qnames["default"] {
@@ -442,6 +545,7 @@ func (c *Config) Validate() error {
 		add("ha.agentGrace", broker.CodeOutOfRange, "must be between 0 and 1h")
 	}
 	c.validateObserve(add)
+	c.validateBurst(add)
 	if comp, err := c.Billing.Compile(); err != nil {
 		var joined interface{ Unwrap() []error }
 		errs := []error{err}

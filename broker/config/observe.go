@@ -52,8 +52,8 @@ func (c *Config) validateObserve(add func(field, code, format string, args ...an
 	if c.Idle.Threshold < 1 || c.Idle.Threshold > 100 {
 		add("idle.threshold", broker.CodeOutOfRange, "must be between 1 and 100 (percent)")
 	}
-	if c.Idle.Window.D() < time.Minute {
-		add("idle.window", broker.CodeOutOfRange, "must be at least 1m")
+	if c.Idle.Window.D() < time.Second {
+		add("idle.window", broker.CodeOutOfRange, "must be at least 1s")
 	}
 	for i, q := range c.Idle.Reclaim {
 		if _, ok := c.Queue(q); !ok {

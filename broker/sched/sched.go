@@ -1,33 +1,132 @@
 // Package sched is the scheduler core: a pure, deterministic function from a
-// snapshot of the cluster to a plan. It does no I/O and reads no clock; the
-// live broker and `spillway sim` drive the very same code.
+// snapshot of the cluster to a plan. It does no I/O, reads no clock, starts
+// no goroutines and never depends on the order of its input or of map
+// iteration; the live broker and `spillway sim` drive the very same code.
+//
+// One cycle, in order (docs/scheduling.md explains each rule):
+//
+//  1. Build the cluster: ready nodes, their healthy cards, who holds what,
+//     indexes of nodes by free-card count per GPU model and per gang pool.
+//  2. Stop running jobs past their timeout.
+//  3. Order the pending jobs: starved jobs first (FIFO), then latency
+//     queues, then priority class, then the multifactor score.
+//  4. Walk the order. Each job either starts (best-fit placement, EASY
+//     backfill against the head's reservation), waits for cards already
+//     being released, preempts victims that lose the least work, becomes
+//     the head with a reservation, or stays pending with a reason.
+//  5. Report burst demand: every burst-eligible job left waiting.
 package sched
 
 import (
-	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
 )
 
-// Snapshot is everything the scheduler may look at. It must not be
-// modified by Schedule.
+// Snapshot is everything the scheduler may look at. Schedule does not
+// modify it.
 type Snapshot struct {
 	Now time.Time
 	// Nodes are all known nodes; only ready ones receive work.
 	Nodes []*broker.Node
 	// Jobs are all non-terminal jobs: pending ones to place, and the ones
-	// holding GPUs.
+	// holding GPUs (starting, running).
 	Jobs   []*broker.Job
 	Policy Policy
+	// Usage is each team's decayed GPU-seconds as of Now (see Usage); it
+	// feeds the fair-share factor. Teams not present have none.
+	Usage map[string]float64
+}
+
+// QueueKind separates work that can wait from work that must not.
+type QueueKind uint8
+
+// Queue kinds.
+const (
+	// Batch work (training) can wait.
+	Batch QueueKind = iota
+	// Latency work is ordered before all batch work and may preempt
+	// preemptible batch jobs.
+	Latency
+)
+
+// QueuePolicy is what the scheduler applies to one queue.
+type QueuePolicy struct {
+	Kind QueueKind
+	// Reserved GPUs are held for this queue: jobs of other queues take
+	// them only when preemptible, and this queue takes them back by
+	// preemption.
+	Reserved int
+	// Sharing lets jobs asking for less memory than a card share cards.
+	Sharing bool
+}
+
+// Quota is a guaranteed number of GPUs and a limit on borrowing above it.
+type Quota struct {
+	GPUs int
+	// BorrowLimit is how many GPUs above GPUs may be used; nil is no limit.
+	BorrowLimit *int
+}
+
+// TeamPolicy is one team's fair-share weight and quotas.
+type TeamPolicy struct {
+	// Share weighs the team in fair share; 0 counts as 1.
+	Share float64
+	// Quota is nil for no guarantee and no limit.
+	Quota *Quota
+	// Projects are per-project quotas inside the team, by project name.
+	Projects map[string]Quota
+}
+
+// Weights weigh the factors of the multifactor score (each in [0, 1]).
+type Weights struct {
+	Age, FairShare, Size int
 }
 
 // Policy is the configuration the scheduler applies.
 type Policy struct {
-	// Priorities maps class name to value; higher runs first.
+	// Priorities maps class name to value; higher runs first. An unknown
+	// class counts as 0.
 	Priorities map[string]int
+	// Queues by name; an unknown queue is batch with no reservation and no
+	// sharing.
+	Queues map[string]QueuePolicy
+	// Teams by name; an unknown team has share 1 and no quota.
+	Teams   map[string]TeamPolicy
+	Weights Weights
+	// FairShareHalfLife is the decay of usage; the caller applies it when
+	// it computes Snapshot.Usage (see Usage).
+	FairShareHalfLife time.Duration
+	// MaxAge is the wait at which the age factor reaches 1.
+	MaxAge time.Duration
+	// StarvationAge is the wait after which a job is ordered ahead of all
+	// jobs that have waited less (0 turns the guard off).
+	StarvationAge time.Duration
+	// MaxSharersPerGPU caps the jobs on one shared card (0 means 4).
+	MaxSharersPerGPU int
+	// GangLabel is the node label a gang's nodes must agree on (with GPU
+	// model, card memory, driver version and pool).
+	GangLabel string
+}
+
+// DefaultPolicy is the policy of the shipped configuration: classes low,
+// medium, high; queues default, inference (latency, sharing), high_perf;
+// no teams configured. config.Config.Policy builds the same from a file.
+func DefaultPolicy() Policy {
+	return Policy{
+		Priorities: map[string]int{"low": 100, "medium": 200, "high": 300},
+		Queues: map[string]QueuePolicy{
+			"default":   {Kind: Batch},
+			"inference": {Kind: Latency, Sharing: true},
+			"high_perf": {Kind: Batch},
+		},
+		Weights:           Weights{Age: 1000, FairShare: 1000, Size: 0},
+		FairShareHalfLife: 7 * 24 * time.Hour,
+		MaxAge:            7 * 24 * time.Hour,
+		StarvationAge:     24 * time.Hour,
+		MaxSharersPerGPU:  4,
+		GangLabel:         "fabric",
+	}
 }
 
 // Start places one pending job.
@@ -36,182 +135,142 @@ type Start struct {
 	Placements []broker.Placement `json:"placements"`
 }
 
-// Stop ends a running job (for now: its timeout passed).
+// Stop reasons.
+const (
+	StopTimedOut  = "timed_out"
+	StopPreempted = "preempted"
+)
+
+// Stop asks a running job to stop: its timeout passed, or it is preempted.
+// The server sends the job's checkpoint signal and grace.
 type Stop struct {
 	Job    string `json:"job"`
-	Reason string `json:"reason"`
+	Reason string `json:"reason"` // timed_out | preempted
 	Detail string `json:"detail"`
+}
+
+// Preemption rules: why a victim could be taken.
+const (
+	RulePriority = "priority" // the preemptor's class is higher
+	RuleLatency  = "latency"  // a latency-queue job takes a batch job's cards
+	RuleReclaim  = "reclaim"  // a team (or project) takes back its guarantee from a borrower
+	RuleQueue    = "queue"    // a queue takes back its reserved capacity
+	RuleQuota    = "quota"    // a job at its team's quota takes its own team's lower-class cards
+)
+
+// Preemption explains one victim of the cycle; its Stop is in Plan.Stops.
+type Preemption struct {
+	Victim string `json:"victim"`
+	// For is the pending job the victim makes room for.
+	For  string `json:"for"`
+	Rule string `json:"rule"`
+	// GPUs the victim holds, all its nodes together.
+	GPUs int `json:"gpus"`
+	// LostWork is the time since the victim's last checkpoint (or start).
+	LostWork time.Duration `json:"lostWork"`
+}
+
+// Pending reason codes.
+const (
+	ReasonBackoff       = "backoff"        // retry backoff after a failure
+	ReasonQuota         = "quota"          // team or project at its limit
+	ReasonQueueReserved = "queue_reserved" // free cards are reserved for other queues
+	ReasonResources     = "resources"      // not enough free cards on one node
+	ReasonGang          = "gang"           // not enough nodes for a multi-node job
+	ReasonBackfill      = "backfill"       // would delay the head's reservation
+	ReasonReleasing     = "releasing"      // cards held for it are being released by stopping jobs
+	ReasonPreempting    = "preempting"     // victims were told to stop for it
+	ReasonNoFit         = "no_fit"         // no ready node (set) could ever hold it
+)
+
+// Pending is the reason one job stays pending.
+type Pending struct {
+	Job    string               `json:"job"`
+	Queue  string               `json:"queue"`
+	Reason broker.PendingReason `json:"reason"`
+}
+
+// Reservation is the EASY backfill reservation of the head job: when and
+// where it is expected to start. Backfilled jobs may not delay it.
+type Reservation struct {
+	Job   string    `json:"job"`
+	At    time.Time `json:"at"`
+	Nodes []string  `json:"nodes"`
+}
+
+// BurstDemand is one pending job that may run on rented capacity
+// (burst: allowed or prefer), with what it needs; the burst controller
+// reads it. Entries come in scheduling order (the order jobs would start
+// on-prem), so earlier entries matter more. Jobs in retry backoff are not
+// listed; Plan.Pending has every job's full reason and position.
+type BurstDemand struct {
+	Job      string             `json:"job"`
+	Team     string             `json:"team"`
+	Queue    string             `json:"queue"`
+	Priority string             `json:"priority"`
+	Burst    broker.BurstPolicy `json:"burst"`
+	// GPUs per node and Nodes, as in the spec.
+	GPUs      int           `json:"gpus"`
+	Nodes     int           `json:"nodes"`
+	GPUModel  string        `json:"gpuModel,omitempty"`
+	GPUMemory int64         `json:"gpuMemory,omitempty"`
+	CPU       float64       `json:"cpu,omitempty"`
+	Memory    int64         `json:"memory,omitempty"`
+	Timeout   time.Duration `json:"timeout"`
+	// Preemptible jobs may run on spot capacity.
+	Preemptible bool `json:"preemptible"`
+	// Waited is how long since the job last entered the queue (submit,
+	// requeue after preemption or a lost node, retry): that moment is
+	// Snapshot.Now minus Waited.
+	Waited time.Duration `json:"waited"`
+	// Reason is the job's pending reason code on-prem; EstimatedStart
+	// the on-prem estimate, if any.
+	Reason         string     `json:"reason"`
+	EstimatedStart *time.Time `json:"estimatedStart,omitempty"`
 }
 
 // Plan is the scheduler's decision for one cycle.
 type Plan struct {
 	Starts []Start `json:"starts,omitempty"`
-	Stops  []Stop  `json:"stops,omitempty"`
-	// Pending holds a reason for every pending job left waiting.
-	Pending map[string]broker.PendingReason `json:"pending,omitempty"`
+	// Stops are timeouts first (by job id), then preemptions in the order
+	// they were decided.
+	Stops       []Stop       `json:"stops,omitempty"`
+	Preemptions []Preemption `json:"preemptions,omitempty"`
+	// Pending holds a reason for every pending job left waiting, in
+	// scheduling order.
+	Pending []Pending `json:"pending,omitempty"`
+	// Reservation is the head job's reservation, if one exists.
+	Reservation *Reservation  `json:"reservation,omitempty"`
+	BurstDemand []BurstDemand `json:"burstDemand,omitempty"`
 }
 
-// nodeFree tracks the cards still free on one node during a cycle.
-type nodeFree struct {
-	node *broker.Node
-	free []int // card indexes, ascending
+// Schedule computes one cycle's plan. It is New().Schedule(s); callers
+// that run many cycles keep a Scheduler to reuse its buffers.
+func Schedule(s *Snapshot) Plan { return New().Schedule(s) }
+
+// Scheduler runs cycles. It keeps only buffers between cycles, never
+// decisions: its plan depends on the snapshot alone. It is not safe for
+// concurrent use.
+type Scheduler struct {
+	c cycle
 }
 
-// Schedule computes one cycle's plan: timeouts first, then pending jobs in
-// priority order, each placed first-fit on whole free cards.
-func Schedule(s *Snapshot) Plan {
-	plan := Plan{Pending: map[string]broker.PendingReason{}}
-	nodes := freeCards(s)
+// New returns a Scheduler.
+func New() *Scheduler { return &Scheduler{} }
 
-	for _, j := range s.Jobs {
-		if j.State == broker.StateRunning && j.Stop == nil && j.StartedAt != nil && j.Spec.Timeout > 0 {
-			if deadline := j.StartedAt.Add(j.Spec.Timeout.D()); !s.Now.Before(deadline) {
-				plan.Stops = append(plan.Stops, Stop{Job: j.ID, Reason: "timed_out",
-					Detail: fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout)})
-			}
-		}
-	}
-
-	pending := make([]*broker.Job, 0, len(s.Jobs))
-	for _, j := range s.Jobs {
-		if j.State == broker.StatePending {
-			pending = append(pending, j)
-		}
-	}
-	slices.SortFunc(pending, func(a, b *broker.Job) int {
-		if pa, pb := s.Policy.Priorities[a.Spec.Priority], s.Policy.Priorities[b.Spec.Priority]; pa != pb {
-			return pb - pa
-		}
-		if c := a.SubmittedAt.Compare(b.SubmittedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(a.ID, b.ID)
-	})
-	position := map[string]int{}
-	for _, j := range pending {
-		position[j.Spec.Queue]++
-		pos := position[j.Spec.Queue]
-		if j.NotBefore != nil && s.Now.Before(*j.NotBefore) {
-			plan.Pending[j.ID] = broker.PendingReason{Code: "backoff", Position: pos,
-				Message: fmt.Sprintf("retry backoff until %s", j.NotBefore.UTC().Format(time.TimeOnly))}
-			continue
-		}
-		placements, reason := place(nodes, j)
-		if placements == nil {
-			reason.Position = pos
-			reason.Message += fmt.Sprintf("; %s in queue %s", ordinal(pos), j.Spec.Queue)
-			plan.Pending[j.ID] = reason
-			continue
-		}
-		plan.Starts = append(plan.Starts, Start{Job: j.ID, Placements: placements})
-	}
+// Schedule computes one cycle's plan from s. The backing arrays of the
+// plan's Pending and BurstDemand belong to the Scheduler and are reused by
+// its next Schedule call: copy what must outlive the cycle (the values
+// themselves — strings, times — stay valid).
+func (sc *Scheduler) Schedule(s *Snapshot) Plan {
+	c := &sc.c
+	c.reset(s)
+	c.buildCluster()
+	c.loadJobs()
+	c.stopTimedOut()
+	c.order()
+	c.walk()
+	plan := c.finish()
+	placeBound(s, &plan)
 	return plan
-}
-
-// freeCards lists ready nodes (by name) with their healthy cards not held by
-// any job.
-func freeCards(s *Snapshot) []*nodeFree {
-	held := map[string]map[int]bool{}
-	for _, j := range s.Jobs {
-		if !j.State.Holding() {
-			continue
-		}
-		for _, p := range j.Placements {
-			if held[p.Node] == nil {
-				held[p.Node] = map[int]bool{}
-			}
-			for _, g := range p.GPUs {
-				held[p.Node][g] = true
-			}
-		}
-	}
-	var out []*nodeFree
-	for _, n := range s.Nodes {
-		if n.State != broker.NodeReady {
-			continue
-		}
-		nf := &nodeFree{node: n}
-		for _, d := range n.HealthyGPUs() {
-			if !held[n.Name][d.Index] {
-				nf.free = append(nf.free, d.Index)
-			}
-		}
-		out = append(out, nf)
-	}
-	slices.SortFunc(out, func(a, b *nodeFree) int { return strings.Compare(a.node.Name, b.node.Name) })
-	return out
-}
-
-// modelMatches reports whether a card model satisfies a gpuModel
-// constraint: "H100" matches "NVIDIA H100 80GB HBM3".
-func modelMatches(have, want string) bool {
-	if want == "" {
-		return true
-	}
-	return strings.Contains(strings.ToLower(have), strings.ToLower(want))
-}
-
-func place(nodes []*nodeFree, j *broker.Job) ([]broker.Placement, broker.PendingReason) {
-	want := j.Spec.Resources.GPUs
-	need := j.Spec.Resources.Nodes
-	var chosen []*nodeFree
-	best := 0
-	modelSeen := false
-	for _, nf := range nodes {
-		if len(nf.node.Inventory.Devices) == 0 || !modelMatches(nf.node.Inventory.Devices[0].Model, j.Spec.Resources.GPUModel) {
-			continue
-		}
-		modelSeen = true
-		best = max(best, len(nf.free))
-		if len(nf.free) >= want {
-			chosen = append(chosen, nf)
-			if len(chosen) == need {
-				break
-			}
-		}
-	}
-	if !modelSeen && j.Spec.Resources.GPUModel != "" {
-		return nil, broker.PendingReason{Code: "no_model",
-			Message: fmt.Sprintf("no ready node has gpuModel=%s", j.Spec.Resources.GPUModel)}
-	}
-	if len(chosen) < need {
-		msg := fmt.Sprintf("waiting for %d free GPUs on one node (most free now: %d)", want, best)
-		if need > 1 {
-			msg = fmt.Sprintf("waiting for %d nodes with %d free GPUs each (%d have them now)", need, want, len(chosen))
-		}
-		return nil, broker.PendingReason{Code: "resources", Message: msg}
-	}
-	out := make([]broker.Placement, 0, need)
-	for _, nf := range chosen {
-		p := broker.Placement{Node: nf.node.Name, GPUs: slices.Clone(nf.free[:want])}
-		for _, idx := range p.GPUs {
-			p.UUIDs = append(p.UUIDs, uuidOf(nf.node, idx))
-		}
-		nf.free = nf.free[want:]
-		out = append(out, p)
-	}
-	return out, broker.PendingReason{}
-}
-
-func uuidOf(n *broker.Node, idx int) string {
-	for _, d := range n.Inventory.Devices {
-		if d.Index == idx {
-			return d.UUID
-		}
-	}
-	return ""
-}
-
-func ordinal(n int) string {
-	suffix := "th"
-	switch {
-	case n%100 >= 11 && n%100 <= 13:
-	case n%10 == 1:
-		suffix = "st"
-	case n%10 == 2:
-		suffix = "nd"
-	case n%10 == 3:
-		suffix = "rd"
-	}
-	return fmt.Sprintf("%d%s", n, suffix)
 }

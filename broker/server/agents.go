@@ -72,10 +72,15 @@ func (s *Server) register(c echo.Context) error {
 	}
 	n.Generation++
 	n.Labels = req.Labels
-	if pool := req.Labels["pool"]; pool != "" {
-		n.Pool = pool
+	// Only a machine's own token makes a node a burst machine; an agent
+	// token from the config always registers an owned node.
+	n.Pool, n.Instance = "onprem", ""
+	if p.Node != "" {
+		n.Instance = p.Node
+		if r, ok := s.burst.instances[p.Node]; ok {
+			n.Pool = r.Provider
+		}
 	}
-	n.Instance = req.Labels["instance"]
 	n.Inventory = req.Inventory
 	n.CPU, n.Memory = req.CPU, req.Memory
 	n.Unhealthy = req.Unhealthy
@@ -363,6 +368,13 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 	}
 	if len(j.Placements) > 1 {
 		a.Peers = j.Nodes()
+	}
+	if p.MemoryShare > 0 {
+		// A sharer's compute share follows its memory share; the agent
+		// exports it where MPS runs.
+		if n := s.nodes[node]; n != nil && len(n.Inventory.Devices) > 0 && n.Inventory.Devices[0].MemoryBytes > 0 {
+			a.ComputeShare = int(min(100, max(1, p.MemoryShare*100/n.Inventory.Devices[0].MemoryBytes)))
+		}
 	}
 	return a
 }

@@ -74,7 +74,7 @@ func TestLostNodeMeteredToLastHeartbeat(t *testing.T) {
 	a.sync()
 	h.advance(5*time.Minute, a)
 	lastSeen := h.clock.Now()
-	h.advance(2*time.Minute) // the agent is gone
+	h.advance(2 * time.Minute) // the agent is gone
 	got := h.job(j.ID)
 	lost := got.History[3]
 	if lost.To != broker.StateLost || !lost.At.Equal(lastSeen) {

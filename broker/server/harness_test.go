@@ -41,6 +41,12 @@ type harness struct {
 	clock *clock.Fake
 	store broker.Store
 	path  string
+	// opts are passed to every New (providers, bootstrap).
+	opts Options
+	// ctx is cancelled by restart: the burst workers of the old server
+	// stop, as on a crash.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 func testConfig(t *testing.T) *config.Config {
@@ -72,6 +78,7 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, clock: clock.NewFake(t0), path: filepath.Join(cfg.DataDir, "spillway.db")}
 	h.open(cfg)
 	t.Cleanup(func() {
+		h.cancel()
 		h.http.Close()
 		h.store.Close()
 	})
@@ -83,7 +90,10 @@ func (h *harness) open(cfg *config.Config) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	srv, err := New(context.Background(), cfg, st, Options{Clock: h.clock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	opts := h.opts
+	opts.Clock, opts.Logger = h.clock, slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := New(h.ctx, cfg, st, opts)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -93,6 +103,7 @@ func (h *harness) open(cfg *config.Config) {
 
 // restart simulates a broker crash and start on the same store.
 func (h *harness) restart() {
+	h.cancel()
 	h.http.Close()
 	h.store.Close()
 	h.open(h.srv.cfg)
@@ -163,6 +174,8 @@ type fakeAgent struct {
 	// util, when set, is sent as every card's compute utilisation.
 	util *int
 	gpus int
+	// token is the agent's token (tokAgent when empty).
+	token string
 }
 
 func simInventory(name string, n int) gpu.Inventory {
@@ -209,7 +222,11 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 		req.Jobs = append(req.Jobs, *r)
 	}
 	var resp agentapi.SyncResponse
-	if code := a.h.do("POST", agentapi.PathSync, tokAgent, req, &resp); code != http.StatusOK {
+	tok := tokAgent
+	if a.token != "" {
+		tok = a.token
+	}
+	if code := a.h.do("POST", agentapi.PathSync, tok, req, &resp); code != http.StatusOK {
 		a.h.t.Fatalf("sync %s: %d", a.name, code)
 	}
 	for _, ref := range resp.Ack {

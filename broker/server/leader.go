@@ -12,7 +12,9 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/providers"
 )
 
 // haState is the leader election of a broker that shares its store with
@@ -43,10 +45,10 @@ var errNotLeader = newError(http.StatusServiceUnavailable, "not_leader", "this b
 // leaderTasks are the loops that only the leader runs, each until its
 // context ends (the broker stops or loses the lease): the scheduling
 // loop (which also checks node liveness, idle jobs, telemetry and
-// metering) and the scheduled billing exports. Add new leader-only work
-// (the burst controller, …) here.
+// metering), the burst controller and the scheduled billing exports. Add
+// new leader-only work here.
 func (s *Server) leaderTasks() []func(context.Context) {
-	return []func(context.Context){s.loop, s.runExports}
+	return []func(context.Context){s.loop, s.burstLoop, s.runExports}
 }
 
 // initHA makes the broker a standby under elector until it wins a lease.
@@ -145,6 +147,10 @@ func (s *Server) takeOver(ctx context.Context, token uint64) error {
 		s.resetLocked()
 		return fmt.Errorf("load state: %w", err)
 	}
+	if err := s.loadInstances(ctx); err != nil {
+		s.resetLocked()
+		return err
+	}
 	s.graceLocked()
 	s.ha.storeDown = false
 	s.ha.term.Store(token)
@@ -192,8 +198,10 @@ func (s *Server) noteStore(err error) {
 }
 
 // resetLocked drops the leader's in-memory view (it is rebuilt from the
-// store by load). Every field that load or the leader tasks fill belongs
-// here; TestStepDownDropsState checks none is forgotten.
+// store by load, loadInstances and, lazily, schedulingLocked). Every field
+// that load or the leader tasks fill belongs here; TestStepDownDropsState
+// checks none is forgotten. The burst controller's providers, SSH key and
+// bootstrap come from the config and stay.
 func (s *Server) resetLocked() {
 	for _, ch := range s.nodeWake {
 		close(ch)
@@ -202,6 +210,21 @@ func (s *Server) resetLocked() {
 	s.nodes = map[string]*broker.Node{}
 	s.byNode = map[string]map[string]bool{}
 	s.reasons = map[string]broker.PendingReason{}
+	s.reasonSaved = map[string]time.Time{}
+	s.scheduling = scheduling{}
+	b := &s.burst
+	b.instances = map[string]*broker.InstanceRecord{}
+	b.offers = map[string][]providers.Offer{}
+	b.offersAt = time.Time{}
+	b.reasons = map[string]broker.PendingReason{}
+	b.orphans = map[string]time.Time{}
+	b.reconciled = time.Time{}
+	b.alerted = map[string]bool{}
+	b.active = false
+	b.last = burst.Decision{}
+	// b.working stays: workers of the last term end with its context and
+	// take their own ids out, and until then no second worker starts for
+	// the same machine.
 	s.telemetry = map[string]*gpu.Sample{}
 	s.owners = map[string]map[int]string{}
 	s.tele = telemetryState{open: map[gpuKey]*accum{}}

@@ -36,9 +36,18 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.POST("/jobs/:id/cancel", s.cancel, people)
 	v1.GET("/jobs/:id/logs", s.logs, people)
 
+	v1.GET("/queues", s.listQueues, people)
 	v1.GET("/nodes", s.listNodes, people)
 	v1.GET("/nodes/:name", s.getNode, people)
 	v1.GET("/telemetry", s.getTelemetry, people)
+
+	ops := allow(config.RoleOperator)
+	v1.GET("/instances", s.listInstances, people)
+	v1.GET("/instances/:id", s.getInstance, people)
+	v1.GET("/burst/plan", s.burstPlan, ops)
+	v1.GET("/budgets", s.listBudgets, allow(config.RoleUser, config.RoleOperator, config.RoleFinance))
+	v1.PUT("/budgets/:scope", s.setBudget, ops)
+	v1.GET("/audit", s.listAudit, allow(config.RoleOperator, config.RoleFinance))
 
 	billingRoles := allow(config.RoleUser, config.RoleOperator, config.RoleFinance)
 	v1.GET("/billing/usage", s.usage, billingRoles)

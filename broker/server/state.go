@@ -86,9 +86,18 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 				s.byNode[p.Node][j.ID] = true
 			}
 		}
+		if old != nil && old.State.Holding() && !j.State.Holding() {
+			// The attempt stopped holding cards: count its fair-share usage.
+			if sc, err := s.schedulingLocked(ctx); err == nil {
+				sc.ledger.release(old, j)
+			} else {
+				s.log.Error("fair-share usage not counted", "job", j.ID, "err", err)
+			}
+		}
 		if j.State.Terminal() {
 			delete(s.jobs, j.ID)
 			delete(s.reasons, j.ID)
+			delete(s.reasonSaved, j.ID)
 		} else {
 			s.jobs[j.ID] = j
 		}
@@ -148,37 +157,46 @@ func (s *Server) Cycle(ctx context.Context) error {
 			s.log.Error("metering failed", "err", err)
 		}
 	}
+	sc, err := s.schedulingLocked(ctx)
+	if err != nil {
+		return err
+	}
+	sc.ledger.advance(now, s.jobs, s.byNode)
 	snap := s.snapshotLocked(now)
 	t0 := time.Now()
-	plan := sched.Schedule(snap)
+	plan := sc.core.Schedule(snap)
 	s.metrics.cycleSeconds.Observe(time.Since(t0).Seconds())
 	return s.applyLocked(ctx, now, plan)
 }
 
+// snapshotLocked is the scheduler's input: every node and non-terminal
+// job (in map order: the core does not depend on it), the policy, and
+// fair-share usage as of now. The caller holds s.mu and has called
+// schedulingLocked.
 func (s *Server) snapshotLocked(now time.Time) *sched.Snapshot {
-	snap := &sched.Snapshot{Now: now, Policy: sched.Policy{Priorities: map[string]int{}}}
-	for _, p := range s.cfg.Priorities {
-		snap.Policy.Priorities[p.Name] = p.Value
-	}
+	sc := &s.scheduling
+	snap := &sched.Snapshot{Now: now, Policy: sc.policy, Usage: sc.ledger.values(),
+		Nodes: make([]*broker.Node, 0, len(s.nodes)), Jobs: make([]*broker.Job, 0, len(s.jobs))}
 	for _, n := range s.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}
-	slices.SortFunc(snap.Nodes, func(a, b *broker.Node) int { return strings.Compare(a.Name, b.Name) })
 	for _, j := range s.jobs {
 		snap.Jobs = append(snap.Jobs, j)
 	}
-	slices.SortFunc(snap.Jobs, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
 	return snap
 }
 
 // applyLocked carries out a plan: starts become assignments for agents,
-// stops become stop requests, pending reasons are kept.
+// stops (timeouts, preemptions) become stop requests with the job's
+// checkpoint signal and grace, pending reasons are kept, and fair-share
+// usage is written when due — all in one transaction.
 func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan) error {
+	s.logPreemptions(&plan)
 	var changed []*broker.Job
 	wake := map[string]bool{}
 	for _, st := range plan.Starts {
 		old, ok := s.jobs[st.Job]
-		if !ok || old.State != broker.StatePending {
+		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue // the plan is stale for this job; the next cycle decides again
 		}
 		j := cloneJob(old)
@@ -204,23 +222,35 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 			wake[n] = true
 		}
 	}
-	for id, r := range plan.Pending {
+	for _, pe := range plan.Pending {
+		id, r := pe.Job, pe.Reason
 		s.reasons[id] = r
 		old, ok := s.jobs[id]
-		if !ok || old.State != broker.StatePending {
+		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue
 		}
-		// Persist the reason when its kind changes; the full sentence with
-		// the queue position is served from memory.
-		if old.Pending == nil || old.Pending.Code != r.Code {
+		// The full sentence with the queue position is served from memory.
+		// The store gets the reason's kind when it changes, at most every
+		// reasonPersistEvery per job, so codes that flip between cycles do
+		// not turn into a write storm; a standby still shows a recent one.
+		if old.Pending == nil || (old.Pending.Code != r.Code && now.Sub(s.reasonSaved[id]) >= reasonPersistEvery) {
 			j := cloneJob(old)
 			rc := r
 			j.Pending = &rc
 			changed = append(changed, j)
+			s.reasonSaved[id] = now
 		}
 	}
-	if err := s.commitLocked(ctx, changed, nil, nil); err != nil {
+	ledger := s.scheduling.ledger
+	var flush func(broker.Tx) error
+	if ledger != nil {
+		flush = ledger.flush(now)
+	}
+	if err := s.commitLocked(ctx, changed, nil, flush); err != nil {
 		return err
+	}
+	if flush != nil {
+		ledger.flushedAt, ledger.dirty = now, false
 	}
 	for n := range wake {
 		s.wakeNodeLocked(n)

@@ -50,6 +50,7 @@ func Run(t *testing.T, h Harness) {
 		{"update sees its own writes in scans", testOwnWritesInScan},
 		{"long scans cross pages", testLongScan},
 		{"buckets are listed", testBucketLister},
+		{"budget reservations never overspend", testBudgetRace},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })

@@ -43,7 +43,11 @@ func (ag *Agent) afterExit(r *run) {
 		if time.Now().After(deadline) {
 			ag.mu.Lock()
 			for idx, pids := range stray {
-				ag.unhealthy[idx] = fmt.Sprintf("cleanup failed: pid %s still holds the card after job %s ended", joinInts(pids), r.a.Job)
+				why := fmt.Sprintf("cleanup failed: pid %s still holds the card after job %s ended", joinInts(pids), r.a.Job)
+				if len(pids) == 1 && pids[0] == 0 {
+					why = fmt.Sprintf("cleanup failed: memory still in use, held by no process, after job %s ended", r.a.Job)
+				}
+				ag.unhealthy[idx] = why
 				ag.log.Error("gpu not clean after job; taking it out of the pool", "job", r.a.Job, "gpu", idx, "pids", pids)
 			}
 			ag.mu.Unlock()
@@ -51,7 +55,7 @@ func (ag *Agent) afterExit(r *run) {
 		}
 		for idx, pids := range stray {
 			for _, pid := range pids {
-				if killed[pid] {
+				if pid == 0 || killed[pid] {
 					continue
 				}
 				killed[pid] = true
@@ -70,8 +74,15 @@ func (ag *Agent) afterExit(r *run) {
 	}
 }
 
+// residualMemory is how much memory a card may show with no process on it
+// and still count as clean (the driver's own reservations): 1 GiB or 2% of
+// the card, whichever is larger.
+func residualMemory(cardBytes int64) int64 { return max(1<<30, cardBytes/50) }
+
 // strays returns, per card index of the ended run, the processes on it
-// that belong to no other running attempt.
+// that belong to no other running attempt. A card with no such process
+// that still shows memory in use, and that no other attempt shares, is
+// returned with pid 0: memory held by nothing the agent can kill.
 func (ag *Agent) strays(ended *run) (map[int][]int, error) {
 	s, err := ag.backend.Sample()
 	if err != nil {
@@ -92,16 +103,30 @@ func (ag *Agent) strays(ended *run) (map[int][]int, error) {
 	for _, u := range ended.a.UUIDs {
 		mine[u] = true
 	}
+	shared := map[string]bool{}
+	ag.mu.Lock()
+	for _, r := range ag.runs {
+		if r != ended && !r.isDone() {
+			for _, u := range r.a.UUIDs {
+				shared[u] = true
+			}
+		}
+	}
+	ag.mu.Unlock()
 	out := map[int][]int{}
 	for _, d := range s.Devices {
 		if !mine[d.UUID] {
 			continue
 		}
-		for _, p := range gpu.Holders(s, []string{d.UUID}) {
+		holders := gpu.Holders(s, []string{d.UUID})
+		for _, p := range holders {
 			if p.PID == os.Getpid() || belongsTo(p.PID, others, otherGroups) {
 				continue
 			}
 			out[d.Index] = append(out[d.Index], p.PID)
+		}
+		if len(holders) == 0 && !shared[d.UUID] && d.MemoryUsedBytes > residualMemory(cardMemory(ag.inv, d.Index)) {
+			out[d.Index] = append(out[d.Index], 0)
 		}
 	}
 	return out, nil
@@ -183,6 +208,15 @@ func (ag *Agent) noteEventsLocked(s gpu.Sample) {
 			ag.log.Error("gpu unhealthy after a critical event", "gpu", d.Index, "why", why)
 		}
 	}
+}
+
+func cardMemory(inv gpu.Inventory, idx int) int64 {
+	for _, d := range inv.Devices {
+		if d.Index == idx {
+			return d.MemoryBytes
+		}
+	}
+	return 0
 }
 
 func uuidAt(inv gpu.Inventory, idx int) string {

@@ -1,0 +1,285 @@
+package broker
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spillway-dev/spillway/billing"
+)
+
+// GlobalScope is the budget scope of the whole cluster; every other scope
+// is a team name.
+const GlobalScope = "global"
+
+// ErrBudgetExceeded: a reservation would take a scope past its limit.
+var ErrBudgetExceeded = errors.New("burst budget exceeded")
+
+// Budget is a monthly burst budget for one scope, in the billing currency.
+type Budget struct {
+	Scope     string         `json:"scope"`
+	Limit     billing.Amount `json:"limit"`
+	Currency  string         `json:"currency"`
+	UpdatedAt time.Time      `json:"updatedAt"`
+	UpdatedBy string         `json:"updatedBy"`
+}
+
+// BudgetMonth is one scope's burst money in one calendar month.
+type BudgetMonth struct {
+	Scope string `json:"scope"`
+	Month string `json:"month"` // YYYY-MM in the billing time zone
+	// Spent is kept equal to the cost of the month's cloud and lease
+	// ledger entries charged to the scope (every team's, for global).
+	Spent billing.Amount `json:"spent"`
+	// Reserved is kept equal to the sum of Remaining() over the scope's
+	// open reservations made in this month.
+	Reserved billing.Amount `json:"reserved"`
+}
+
+// Committed is what the month has used or promised.
+func (m BudgetMonth) Committed() billing.Amount { return m.Spent + m.Reserved }
+
+// Reservation holds budget for one burst machine before it launches: its
+// projected cost, settled by the ledger as the machine is metered.
+type Reservation struct {
+	ID    string `json:"id"` // the machine's record id
+	Team  string `json:"team"`
+	Month string `json:"month"`
+	// Amount is the projected cost reserved at launch.
+	Amount billing.Amount `json:"amount"`
+	// Settled is the actual cost metered for the machine so far.
+	Settled billing.Amount `json:"settled"`
+	Open    bool           `json:"open"`
+}
+
+// Remaining is the part of the reservation not yet covered by actual cost.
+func (r Reservation) Remaining() billing.Amount {
+	if !r.Open || r.Settled >= r.Amount {
+		return 0
+	}
+	return r.Amount - r.Settled
+}
+
+// AuditRecord is one change an operator made, kept forever.
+type AuditRecord struct {
+	At     time.Time `json:"at"`
+	By     string    `json:"by"`
+	Action string    `json:"action"` // e.g. budget.set
+	Target string    `json:"target"`
+	Old    string    `json:"old"`
+	New    string    `json:"new"`
+}
+
+func budgetKey(scope string) string                  { return "limit/" + scope }
+func monthKey(month, scope string) string            { return "month/" + month + "/" + scope }
+func reservationKey(id string) string                { return "res/" + id }
+func monthOf(t time.Time, loc *time.Location) string { return t.In(loc).Format("2006-01") }
+
+// GetBudget reads a scope's budget; ok is false when none is set.
+func GetBudget(tx Tx, scope string) (Budget, bool, error) {
+	var b Budget
+	err := getJSON(tx, BucketBudgets, budgetKey(scope), &b)
+	if errors.Is(err, ErrNotFound) {
+		return b, false, nil
+	}
+	return b, err == nil, err
+}
+
+// ListBudgets returns every budget, global first then by team.
+func ListBudgets(tx Tx) ([]Budget, error) {
+	var out []Budget
+	err := tx.Scan(BucketBudgets, "limit/", PrefixEnd("limit/"), func(_ string, v []byte) error {
+		var b Budget
+		if err := json.Unmarshal(v, &b); err != nil {
+			return err
+		}
+		if b.Scope == GlobalScope {
+			out = append([]Budget{b}, out...)
+		} else {
+			out = append(out, b)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// SetBudget sets (or with a negative limit, refuses) a scope's monthly
+// budget and records who changed it from what to what.
+func SetBudget(tx Tx, scope string, limit billing.Amount, currency, by string, now time.Time) (Budget, error) {
+	if limit < 0 {
+		return Budget{}, &ValidationError{Errors: []FieldError{{Field: "limit", Code: CodeOutOfRange, Message: "must not be negative"}}}
+	}
+	old, had, err := GetBudget(tx, scope)
+	if err != nil {
+		return Budget{}, err
+	}
+	b := Budget{Scope: scope, Limit: limit, Currency: currency, UpdatedAt: now, UpdatedBy: by}
+	if err := putJSON(tx, BucketBudgets, budgetKey(scope), b); err != nil {
+		return Budget{}, err
+	}
+	oldS := "unset"
+	if had {
+		oldS = old.Limit.String() + " " + old.Currency
+	}
+	return b, Audit(tx, AuditRecord{At: now, By: by, Action: "budget.set", Target: scope, Old: oldS, New: limit.String() + " " + currency})
+}
+
+// Audit appends a record to the audit log.
+func Audit(tx Tx, r AuditRecord) error {
+	return putJSON(tx, BucketAudit, fmt.Sprintf("%020d/%s/%s", r.At.UnixNano(), r.Action, r.Target), r)
+}
+
+// ListAudit returns audit records in time order.
+func ListAudit(tx Tx) ([]AuditRecord, error) {
+	var out []AuditRecord
+	err := tx.Scan(BucketAudit, "", "", func(_ string, v []byte) error {
+		var r AuditRecord
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// GetBudgetMonth reads a scope's totals for a month (zero when none).
+func GetBudgetMonth(tx Tx, month, scope string) (BudgetMonth, error) {
+	m := BudgetMonth{Scope: scope, Month: month}
+	err := getJSON(tx, BucketBudgets, monthKey(month, scope), &m)
+	if errors.Is(err, ErrNotFound) {
+		err = nil
+	}
+	return m, err
+}
+
+func putBudgetMonth(tx Tx, m BudgetMonth) error {
+	return putJSON(tx, BucketBudgets, monthKey(m.Month, m.Scope), m)
+}
+
+// GetReservation reads a machine's reservation.
+func GetReservation(tx Tx, id string) (Reservation, error) {
+	var r Reservation
+	err := getJSON(tx, BucketBudgets, reservationKey(id), &r)
+	return r, err
+}
+
+// Reserve holds amount for machine id against the team's and the global
+// budget of the month of now, in one transaction: it fails with
+// ErrBudgetExceeded, changing nothing, if either would go past its limit.
+// A scope without a budget has no limit, except the global scope, which
+// must be set for anything to burst. Reserving twice for one id is a
+// no-op.
+func Reserve(tx Tx, id, team string, amount billing.Amount, now time.Time, loc *time.Location) (Reservation, error) {
+	if r, err := GetReservation(tx, id); err == nil {
+		return r, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return Reservation{}, err
+	}
+	month := monthOf(now, loc)
+	for _, scope := range []string{team, GlobalScope} {
+		b, ok, err := GetBudget(tx, scope)
+		if err != nil {
+			return Reservation{}, err
+		}
+		if !ok {
+			if scope == GlobalScope {
+				return Reservation{}, fmt.Errorf("%w: no global burst budget is set", ErrBudgetExceeded)
+			}
+			continue
+		}
+		m, err := GetBudgetMonth(tx, month, scope)
+		if err != nil {
+			return Reservation{}, err
+		}
+		if m.Committed()+amount > b.Limit {
+			return Reservation{}, fmt.Errorf("%w: %s at %s/%s %s this month, %s more needed", ErrBudgetExceeded,
+				scope, m.Committed().Cents(), b.Limit.Cents(), b.Currency, amount.Cents())
+		}
+	}
+	r := Reservation{ID: id, Team: team, Month: month, Amount: amount, Open: true}
+	for _, scope := range []string{team, GlobalScope} {
+		m, err := GetBudgetMonth(tx, month, scope)
+		if err != nil {
+			return Reservation{}, err
+		}
+		m.Reserved += amount
+		if err := putBudgetMonth(tx, m); err != nil {
+			return Reservation{}, err
+		}
+	}
+	return r, putJSON(tx, BucketBudgets, reservationKey(id), r)
+}
+
+// adjustReserved moves a reservation's remaining amount in its month's
+// totals (team and global) by delta.
+func adjustReserved(tx Tx, r Reservation, delta billing.Amount) error {
+	if delta == 0 {
+		return nil
+	}
+	for _, scope := range []string{r.Team, GlobalScope} {
+		m, err := GetBudgetMonth(tx, r.Month, scope)
+		if err != nil {
+			return err
+		}
+		m.Reserved += delta
+		if err := putBudgetMonth(tx, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Release closes a machine's reservation: what the ledger has not covered
+// goes back to the budget. Releasing twice, or an unknown id, is a no-op.
+func Release(tx Tx, id string) error {
+	r, err := GetReservation(tx, id)
+	if errors.Is(err, ErrNotFound) || (err == nil && !r.Open) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := adjustReserved(tx, r, -r.Remaining()); err != nil {
+		return err
+	}
+	r.Open = false
+	return putJSON(tx, BucketBudgets, reservationKey(id), r)
+}
+
+// settle books one new ledger entry of a burst machine: its cost becomes
+// spend of its team and the cluster in the entry's month, and covers that
+// much of the machine's reservation.
+func settle(tx Tx, e billing.Entry, loc *time.Location) error {
+	if e.Pool.Kind == billing.PoolOnPrem || e.Cost == 0 {
+		return nil
+	}
+	month := monthOf(e.Start, loc)
+	for _, scope := range []string{e.Team, GlobalScope} {
+		m, err := GetBudgetMonth(tx, month, scope)
+		if err != nil {
+			return err
+		}
+		m.Spent += e.Cost
+		if err := putBudgetMonth(tx, m); err != nil {
+			return err
+		}
+	}
+	if e.Pool.InstanceID == "" {
+		return nil
+	}
+	r, err := GetReservation(tx, e.Pool.InstanceID)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	before := r.Remaining()
+	r.Settled += e.Cost
+	if err := adjustReserved(tx, r, r.Remaining()-before); err != nil {
+		return err
+	}
+	return putJSON(tx, BucketBudgets, reservationKey(r.ID), r)
+}

@@ -1,0 +1,582 @@
+// Package burst decides when Spillway rents capacity, and what: a pure
+// function from a snapshot (on-prem allocation, waiting work, machines in
+// flight, offers, budgets, the clock) to a Decision — launches, jobs bound
+// to machines, machines to scale down, and a reason for every waiting job
+// that does not go out. It does no I/O; the broker carries the decision
+// out, and `spillway burst plan` and the simulator print or replay it.
+package burst
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/providers"
+)
+
+// Policy is the burst configuration.
+type Policy struct {
+	// Threshold is the on-prem GPU allocation (0..1) at or above which
+	// waiting work may burst.
+	Threshold float64 `json:"threshold"`
+	// Hysteresis: once bursting, keep going until allocation falls below
+	// Threshold-Hysteresis, so decisions do not flap around the line.
+	Hysteresis float64 `json:"hysteresis"`
+	// MinWait is how long burst-eligible work waits before it bursts.
+	MinWait time.Duration `json:"minWait"`
+	// MaxInFlight caps machines being requested, provisioned or
+	// bootstrapped at once; MaxInFlightPerProvider caps them per provider.
+	MaxInFlight            int `json:"maxInFlight"`
+	MaxInFlightPerProvider int `json:"maxInFlightPerProvider"`
+	// IdleTTL ends a machine that has had no job this long.
+	IdleTTL time.Duration `json:"idleTTL"`
+	// MaxLifetime ends every machine this long after launch, and caps the
+	// projected cost of a launch.
+	MaxLifetime time.Duration `json:"maxLifetime"`
+	// LeaseMargin drains leased hosts this long before their lease ends.
+	LeaseMargin time.Duration `json:"leaseMargin"`
+	// Queues override the trigger per queue.
+	Queues map[string]QueuePolicy `json:"queues,omitempty"`
+	// Priorities maps class names to values (higher first).
+	Priorities map[string]int `json:"priorities,omitempty"`
+}
+
+// QueuePolicy overrides the trigger for one queue. Zero values inherit.
+type QueuePolicy struct {
+	Threshold float64       `json:"threshold,omitempty"`
+	MinWait   time.Duration `json:"minWait,omitempty"`
+	// WaitTarget: a job whose estimated start (by the scheduler's
+	// reservation) is further than this from when it began waiting bursts
+	// without waiting MinWait.
+	WaitTarget time.Duration `json:"waitTarget,omitempty"`
+	// Never keeps the queue's work on-prem whatever its jobs say.
+	Never bool `json:"never,omitempty"`
+}
+
+// DefaultPolicy is the shipped configuration.
+func DefaultPolicy() Policy {
+	return Policy{Threshold: 0.8, Hysteresis: 0.1, MinWait: 2 * time.Minute, MaxInFlight: 8, MaxInFlightPerProvider: 4,
+		IdleTTL: 10 * time.Minute, MaxLifetime: 24 * time.Hour, LeaseMargin: time.Hour}
+}
+
+// Job is a pending job as the burst controller sees it.
+type Job struct {
+	ID          string             `json:"id"`
+	Team        string             `json:"team"`
+	Queue       string             `json:"queue"`
+	Priority    string             `json:"priority"`
+	Burst       broker.BurstPolicy `json:"burst"`
+	Preemptible bool               `json:"preemptible"`
+	GPUs        int                `json:"gpus"`
+	Nodes       int                `json:"nodes"`
+	GPUModel    string             `json:"gpuModel,omitempty"`
+	GPUMemory   int64              `json:"gpuMemory,omitempty"`
+	Timeout     time.Duration      `json:"timeout"`
+	// WaitingSince is when the job last entered the queue.
+	WaitingSince time.Time `json:"waitingSince"`
+	// EstimatedStart is the scheduler's reservation for it, if any.
+	EstimatedStart *time.Time `json:"estimatedStart,omitempty"`
+	// Machine is the burst machine the job is bound to, if any.
+	Machine string `json:"machine,omitempty"`
+	// Why is the scheduler's pending reason code.
+	Why string `json:"why,omitempty"`
+}
+
+// MachineState is where a burst machine is in its life.
+type MachineState string
+
+// Machine states, in order. Each is persisted before the next external
+// call.
+const (
+	Requested     MachineState = "requested"
+	Provisioning  MachineState = "provisioning"
+	Bootstrapping MachineState = "bootstrapping"
+	Ready         MachineState = "ready"
+	Draining      MachineState = "draining"
+	Terminating   MachineState = "terminating"
+	Terminated    MachineState = "terminated"
+	Failed        MachineState = "failed"
+)
+
+// InFlight reports whether the machine is on its way up.
+func (s MachineState) InFlight() bool {
+	return s == Requested || s == Provisioning || s == Bootstrapping
+}
+
+// Ended reports whether the machine is gone.
+func (s MachineState) Ended() bool { return s == Terminated || s == Failed }
+
+// Machine is a burst machine the broker has a record of.
+type Machine struct {
+	ID       string          `json:"id"`
+	Provider string          `json:"provider"`
+	Offer    providers.Offer `json:"offer"`
+	State    MachineState    `json:"state"`
+	Team     string          `json:"team"`
+	// Jobs bound to the machine (waiting for it or running on it), and
+	// the GPUs they take.
+	Jobs     []string `json:"jobs,omitempty"`
+	GPUsUsed int      `json:"gpusUsed"`
+	// ReadyGPUs is how many of its GPUs the agent has registered.
+	ReadyGPUs  int       `json:"readyGpus"`
+	LaunchedAt time.Time `json:"launchedAt"`
+	// IdleSince is when the machine last became jobless (zero when busy).
+	IdleSince time.Time `json:"idleSince"`
+}
+
+// Budget is one scope's money this month.
+type Budget struct {
+	Limit     billing.Amount `json:"limit"`
+	Committed billing.Amount `json:"committed"` // spent + reserved
+}
+
+// Input is everything a decision may look at.
+type Input struct {
+	Now    time.Time `json:"now"`
+	Policy Policy    `json:"policy"`
+	// OnPremGPUs is the healthy on-prem GPUs, OnPremAllocated those held.
+	OnPremGPUs      int       `json:"onPremGPUs"`
+	OnPremAllocated int       `json:"onPremAllocated"`
+	Pending         []Job     `json:"pending"`
+	Machines        []Machine `json:"machines"`
+	// Offers from every provider; unavailable ones are skipped.
+	Offers []providers.Offer `json:"offers"`
+	// Budgets by scope (broker.GlobalScope and team names); a team with
+	// no entry has no limit; without a global entry nothing bursts.
+	Budgets  map[string]Budget `json:"budgets"`
+	Currency string            `json:"currency"`
+	// Active is the hysteresis state the last decision left.
+	Active bool `json:"active"`
+}
+
+// Launch is one machine to start, for these jobs.
+type Launch struct {
+	Offer providers.Offer `json:"offer"`
+	// Fallbacks are the next offers that fit the same jobs, tried in order
+	// when the provider has no capacity or quota for Offer.
+	Fallbacks     []providers.Offer `json:"fallbacks,omitempty"`
+	Jobs          []string          `json:"jobs"`
+	Team          string            `json:"team"`
+	Queue         string            `json:"queue"`
+	GPUs          int               `json:"gpus"`
+	ProjectedCost billing.Amount    `json:"projectedCost"`
+	// Hours is the time the projection charges for.
+	Hours float64 `json:"hours"`
+}
+
+// Bind puts a waiting job on a machine already launched.
+type Bind struct {
+	Job     string `json:"job"`
+	Machine string `json:"machine"`
+}
+
+// Stop ends a machine.
+type Stop struct {
+	Machine string `json:"machine"`
+	Reason  string `json:"reason"` // idle | max_lifetime | lease_ending
+	Detail  string `json:"detail"`
+}
+
+// Decision is what the controller would do now.
+type Decision struct {
+	Active     bool     `json:"active"`
+	Allocation float64  `json:"allocation"`
+	Launches   []Launch `json:"launches,omitempty"`
+	Binds      []Bind   `json:"binds,omitempty"`
+	Stops      []Stop   `json:"stops,omitempty"`
+	// Reasons says, for every waiting burst-eligible job that is neither
+	// launched for nor bound, why not.
+	Reasons map[string]broker.PendingReason `json:"reasons,omitempty"`
+}
+
+// Reason codes the decision puts on waiting jobs.
+const (
+	CodeBelowThreshold = "below_threshold"
+	CodeMinWait        = "burst_min_wait"
+	CodeBudget         = "budget"
+	CodeNoOffer        = "no_offer"
+	CodeCapped         = "burst_capped"
+	CodeInProgress     = "burst_in_progress"
+	CodeNotEligible    = "burst_not_eligible"
+)
+
+// Decide computes the decision for one moment.
+func Decide(in *Input) Decision {
+	p := in.Policy
+	d := Decision{Reasons: map[string]broker.PendingReason{}}
+	d.Allocation = 1
+	if in.OnPremGPUs > 0 {
+		d.Allocation = float64(in.OnPremAllocated) / float64(in.OnPremGPUs)
+	}
+	d.Active = in.Active
+	switch {
+	case d.Allocation >= p.Threshold:
+		d.Active = true
+	case d.Allocation < p.Threshold-p.Hysteresis:
+		d.Active = false
+	}
+
+	machines := map[string]*Machine{}
+	inFlight, perProvider := 0, map[string]int{}
+	for i := range in.Machines {
+		m := &in.Machines[i]
+		machines[m.ID] = m
+		if m.State.InFlight() {
+			inFlight++
+			perProvider[m.Provider]++
+		}
+	}
+	d.Stops = scaleDown(in, machines)
+	stopping := map[string]bool{}
+	for _, s := range d.Stops {
+		stopping[s.Machine] = true
+	}
+
+	offers := make([]providers.Offer, 0, len(in.Offers))
+	for _, o := range in.Offers {
+		if o.Available && o.GPUs > 0 {
+			offers = append(offers, o)
+		}
+	}
+	providers.SortOffers(offers)
+	budgets := map[string]Budget{}
+	for k, v := range in.Budgets {
+		budgets[k] = v
+	}
+
+	jobs := slices.Clone(in.Pending)
+	slices.SortFunc(jobs, func(a, b Job) int {
+		if c := cmp.Compare(p.Priorities[b.Priority], p.Priorities[a.Priority]); c != 0 {
+			return c
+		}
+		if c := a.WaitingSince.Compare(b.WaitingSince); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	// Spare room on machines launched but not full: jobs of the same team
+	// may be bound to them (warm machines before new ones).
+	spare := map[string]int{}
+	for _, m := range in.Machines {
+		if (m.State.InFlight() || m.State == Ready) && !stopping[m.ID] {
+			spare[m.ID] = m.Offer.GPUs - m.GPUsUsed
+		}
+	}
+	var planned []*Launch
+
+	for _, j := range jobs {
+		if j.Machine != "" {
+			if m, ok := machines[j.Machine]; ok {
+				d.Reasons[j.ID] = inProgress(m)
+			}
+			continue
+		}
+		q := p.Queues[j.Queue]
+		if j.Burst == broker.BurstNever || q.Never {
+			continue
+		}
+		if j.Nodes > 1 {
+			d.Reasons[j.ID] = broker.PendingReason{Code: CodeNotEligible, Message: "gang jobs (nodes > 1) run on-prem only"}
+			continue
+		}
+		prefer := j.Burst == broker.BurstPrefer
+		thr := p.Threshold
+		if q.Threshold > 0 {
+			thr = q.Threshold
+		}
+		if d.Active && q.Threshold == 0 {
+			thr = p.Threshold - p.Hysteresis
+		}
+		if !prefer && d.Allocation < thr {
+			d.Reasons[j.ID] = broker.PendingReason{Code: CodeBelowThreshold,
+				Message: fmt.Sprintf("below threshold: on-prem %.0f%% < %.0f%%", 100*d.Allocation, 100*thr)}
+			continue
+		}
+		minWait := p.MinWait
+		if q.MinWait > 0 {
+			minWait = q.MinWait
+		}
+		waited := in.Now.Sub(j.WaitingSince)
+		missesTarget := q.WaitTarget > 0 && j.EstimatedStart != nil && j.EstimatedStart.Sub(j.WaitingSince) > q.WaitTarget
+		if !prefer && waited < minWait && !missesTarget {
+			d.Reasons[j.ID] = broker.PendingReason{Code: CodeMinWait,
+				Message: fmt.Sprintf("waiting %s of the %s minimum before bursting", broker.FormatDuration(waited.Truncate(time.Second)), broker.FormatDuration(minWait))}
+			continue
+		}
+		// A machine already on its way or idle with room, same team.
+		if id := bindable(in.Machines, spare, stopping, j); id != "" {
+			spare[id] -= j.GPUs
+			d.Binds = append(d.Binds, Bind{Job: j.ID, Machine: id})
+			continue
+		}
+		// Room in a launch planned this round.
+		if l := packInto(planned, j); l != nil {
+			l.Jobs = append(l.Jobs, j.ID)
+			l.GPUs += j.GPUs
+			continue
+		}
+		fit := fitting(offers, j)
+		if len(fit) == 0 {
+			d.Reasons[j.ID] = broker.PendingReason{Code: CodeNoOffer, Message: noOfferMessage(j)}
+			continue
+		}
+		if inFlight >= p.MaxInFlight {
+			d.Reasons[j.ID] = broker.PendingReason{Code: CodeCapped,
+				Message: fmt.Sprintf("burst capped: %d machines already starting (maxInFlight %d)", inFlight, p.MaxInFlight)}
+			continue
+		}
+		remaining := demandLike(jobs, j)
+		offer, fallbacks, ok := chooseOffer(fit, j, remaining, perProvider, p.MaxInFlightPerProvider)
+		if !ok {
+			d.Reasons[j.ID] = broker.PendingReason{Code: CodeCapped,
+				Message: fmt.Sprintf("burst capped: every provider with a fitting offer has %d machines starting", p.MaxInFlightPerProvider)}
+			continue
+		}
+		hours := projectedHours(j.Timeout, p.MaxLifetime)
+		cost := projectedCost(offer, hours)
+		if why, blocked := overBudget(budgets, j.Team, cost, in.Currency); blocked && !offer.Prepaid {
+			d.Reasons[j.ID] = broker.PendingReason{Code: CodeBudget, Message: why}
+			continue
+		}
+		if !offer.Prepaid {
+			charge(budgets, j.Team, cost)
+		}
+		inFlight++
+		perProvider[offer.Provider]++
+		planned = append(planned, &Launch{Offer: offer, Fallbacks: fallbacks, Jobs: []string{j.ID}, Team: j.Team,
+			Queue: j.Queue, GPUs: j.GPUs, ProjectedCost: cost, Hours: hours})
+	}
+	for _, l := range planned {
+		d.Launches = append(d.Launches, *l)
+	}
+	return d
+}
+
+func inProgress(m *Machine) broker.PendingReason {
+	msg := fmt.Sprintf("burst in progress: %s %s %s", m.Provider, m.ID, m.State)
+	if m.State == Bootstrapping || m.State == Ready {
+		msg += fmt.Sprintf(" (%d/%d GPUs ready)", m.ReadyGPUs, m.Offer.GPUs)
+	}
+	return broker.PendingReason{Code: CodeInProgress, Message: msg}
+}
+
+// offerFits reports whether one machine of o can run j.
+func offerFits(o providers.Offer, j Job) bool {
+	if o.GPUs < j.GPUs {
+		return false
+	}
+	if o.Spot && !j.Preemptible {
+		return false
+	}
+	if j.GPUModel != "" && !strings.Contains(strings.ToLower(o.GPUModel), strings.ToLower(j.GPUModel)) {
+		return false
+	}
+	if j.GPUMemory > 0 && o.GPUMemoryBytes > 0 && o.GPUMemoryBytes < j.GPUMemory {
+		return false
+	}
+	return true
+}
+
+func fitting(offers []providers.Offer, j Job) []providers.Offer {
+	var out []providers.Offer
+	for _, o := range offers {
+		if offerFits(o, j) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func noOfferMessage(j Job) string {
+	switch {
+	case j.GPUModel != "":
+		return fmt.Sprintf("no offer fits gpuModel=%s with %d GPUs", j.GPUModel, j.GPUs)
+	default:
+		return fmt.Sprintf("no offer has %d GPUs", j.GPUs)
+	}
+}
+
+// demandLike is the GPUs of the jobs that could share a machine with j
+// (same team, same constraints): what a bigger machine could be filled
+// with.
+func demandLike(jobs []Job, j Job) int {
+	n := 0
+	for _, o := range jobs {
+		if o.Machine == "" && o.Team == j.Team && o.GPUModel == j.GPUModel && o.Preemptible == j.Preemptible && o.Nodes <= 1 && o.Burst != broker.BurstNever {
+			n += o.GPUs
+		}
+	}
+	return max(n, j.GPUs)
+}
+
+// chooseOffer picks the offer for a new machine: prepaid capacity first;
+// otherwise the lowest price per GPU-hour among the machines that the
+// waiting demand can fill, then the smaller machine. The other fitting
+// offers, in SortOffers order, are the fallbacks.
+func chooseOffer(fit []providers.Offer, j Job, demand int, perProvider map[string]int, capPer int) (providers.Offer, []providers.Offer, bool) {
+	var open []providers.Offer
+	for _, o := range fit {
+		if capPer <= 0 || perProvider[o.Provider] < capPer {
+			open = append(open, o)
+		}
+	}
+	if len(open) == 0 {
+		return providers.Offer{}, nil, false
+	}
+	best := -1
+	for i, o := range open {
+		if o.GPUs > demand && o.GPUs > j.GPUs && !o.Prepaid {
+			continue // more GPUs than anything waiting could use
+		}
+		if best < 0 || better(o, open[best]) {
+			best = i
+		}
+	}
+	if best < 0 {
+		best = 0 // only oversized machines: the cheapest per hour
+		for i, o := range open {
+			if o.PricePerHour < open[best].PricePerHour {
+				best = i
+			}
+		}
+	}
+	chosen := open[best]
+	var rest []providers.Offer
+	for _, o := range fit {
+		if o.Key() != chosen.Key() {
+			rest = append(rest, o)
+		}
+	}
+	return chosen, rest, true
+}
+
+func better(a, b providers.Offer) bool {
+	if a.Prepaid != b.Prepaid {
+		return a.Prepaid
+	}
+	pa, pb := a.PricePerGPUHour(), b.PricePerGPUHour()
+	if pa != pb {
+		return pa < pb
+	}
+	if a.GPUs != b.GPUs {
+		return a.GPUs < b.GPUs
+	}
+	return a.Key() < b.Key()
+}
+
+func packInto(planned []*Launch, j Job) *Launch {
+	for _, l := range planned {
+		if l.Team == j.Team && l.GPUs+j.GPUs <= l.Offer.GPUs && offerFits(l.Offer, j) {
+			return l
+		}
+	}
+	return nil
+}
+
+func bindable(ms []Machine, spare map[string]int, stopping map[string]bool, j Job) string {
+	for _, m := range ms {
+		if stopping[m.ID] || m.Team != j.Team || (!m.State.InFlight() && m.State != Ready) {
+			continue
+		}
+		if spare[m.ID] >= j.GPUs && offerFits(m.Offer, j) {
+			return m.ID
+		}
+	}
+	return ""
+}
+
+// projectedHours is the job's timeout capped by the machine's lifetime.
+func projectedHours(timeout, maxLifetime time.Duration) float64 {
+	d := timeout
+	if d <= 0 || (maxLifetime > 0 && d > maxLifetime) {
+		d = maxLifetime
+	}
+	return d.Hours()
+}
+
+// projectedCost is the offer's price for the projected hours, to the micro.
+func projectedCost(o providers.Offer, hours float64) billing.Amount {
+	ms := int64(hours * float64(time.Hour/time.Millisecond))
+	return o.PricePerHour.MulDiv(ms, billing.MillisPerHour)
+}
+
+func overBudget(b map[string]Budget, team string, cost billing.Amount, currency string) (string, bool) {
+	g, ok := b[broker.GlobalScope]
+	if !ok {
+		return "burst blocked: no global burst budget is set (spillway budget set --global AMOUNT)", true
+	}
+	if t, ok := b[team]; ok && t.Committed+cost > t.Limit {
+		return fmt.Sprintf("burst blocked: budget %s %s/%s %s this month (needs %s more)", team,
+			Money(t.Committed), Money(t.Limit), currency, Money(cost)), true
+	}
+	if g.Committed+cost > g.Limit {
+		return fmt.Sprintf("burst blocked: global budget %s/%s %s this month (needs %s more)",
+			Money(g.Committed), Money(g.Limit), currency, Money(cost)), true
+	}
+	return "", false
+}
+
+func charge(b map[string]Budget, team string, cost billing.Amount) {
+	for _, scope := range []string{team, broker.GlobalScope} {
+		if v, ok := b[scope]; ok {
+			v.Committed += cost
+			b[scope] = v
+		}
+	}
+}
+
+// Money prints an amount with thousands separators: "4,980.00".
+func Money(a billing.Amount) string {
+	s := a.Cents()
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	whole, frac, _ := strings.Cut(s, ".")
+	var b strings.Builder
+	for i, r := range whole {
+		if i > 0 && (len(whole)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	out := b.String() + "." + frac
+	if neg {
+		out = "-" + out
+	}
+	return out
+}
+
+// scaleDown ends machines idle past the TTL, past their lifetime, or near
+// the end of their lease.
+func scaleDown(in *Input, machines map[string]*Machine) []Stop {
+	p := in.Policy
+	var out []Stop
+	ids := make([]string, 0, len(machines))
+	for id := range machines {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		m := machines[id]
+		if m.State != Ready && m.State != Draining {
+			continue
+		}
+		switch {
+		case p.MaxLifetime > 0 && !m.LaunchedAt.IsZero() && in.Now.Sub(m.LaunchedAt) >= p.MaxLifetime:
+			out = append(out, Stop{Machine: id, Reason: "max_lifetime",
+				Detail: fmt.Sprintf("reached the %s maximum lifetime", broker.FormatDuration(p.MaxLifetime))})
+		case m.Offer.LeaseEnds != nil && m.Offer.LeaseEnds.Sub(in.Now) <= p.LeaseMargin:
+			out = append(out, Stop{Machine: id, Reason: "lease_ending",
+				Detail: fmt.Sprintf("its lease ends at %s", m.Offer.LeaseEnds.UTC().Format(time.RFC3339))})
+		case len(m.Jobs) == 0 && !m.IdleSince.IsZero() && in.Now.Sub(m.IdleSince) >= p.IdleTTL:
+			out = append(out, Stop{Machine: id, Reason: "idle",
+				Detail: fmt.Sprintf("no job for %s (idle TTL %s)", broker.FormatDuration(in.Now.Sub(m.IdleSince).Truncate(time.Second)), broker.FormatDuration(p.IdleTTL))})
+		case m.State == Draining && len(m.Jobs) == 0:
+			out = append(out, Stop{Machine: id, Reason: "drained", Detail: "drained"})
+		}
+	}
+	return out
+}

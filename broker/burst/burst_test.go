@@ -1,0 +1,273 @@
+package burst
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/providers"
+)
+
+var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func usd(s string) billing.Amount {
+	a, err := billing.ParseAmount(s)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+func offer(provider, typ string, gpus int, price string, spot bool) providers.Offer {
+	return providers.Offer{Provider: provider, Region: "us-east-1", InstanceType: typ, GPUModel: "H100", GPUs: gpus,
+		GPUMemoryBytes: 80 << 30, Spot: spot, PricePerHour: usd(price), Currency: "USD", Available: true}
+}
+
+var catalog = []providers.Offer{
+	offer("aws", "p5.48xlarge", 8, "98.32", false),
+	offer("aws", "p5.48xlarge", 8, "40.00", true),
+	offer("gcp", "a3-highgpu-1g", 1, "13.00", false),
+	offer("gcp", "a3-highgpu-8g", 8, "88.00", false),
+}
+
+// job is a builder: a 1-GPU medium job of team nlp waiting 5 minutes.
+type job struct{ j Job }
+
+func mk(id string) *job {
+	return &job{Job{ID: id, Team: "nlp", Queue: "default", Priority: "medium", Burst: broker.BurstAllowed, GPUs: 1, Nodes: 1,
+		Timeout: 2 * time.Hour, WaitingSince: now.Add(-5 * time.Minute)}}
+}
+func (b *job) gpus(n int) *job                 { b.j.GPUs = n; return b }
+func (b *job) waited(d time.Duration) *job     { b.j.WaitingSince = now.Add(-d); return b }
+func (b *job) burst(p broker.BurstPolicy) *job { b.j.Burst = p; return b }
+func (b *job) preemptible() *job               { b.j.Preemptible = true; return b }
+func (b *job) model(m string) *job             { b.j.GPUModel = m; return b }
+func (b *job) team(t string) *job              { b.j.Team = t; return b }
+func (b *job) obj() Job                        { return b.j }
+
+func input(alloc int, jobs ...Job) *Input {
+	return &Input{Now: now, Policy: DefaultPolicy(), OnPremGPUs: 100, OnPremAllocated: alloc, Pending: jobs,
+		Offers: catalog, Currency: "USD",
+		Budgets: map[string]Budget{broker.GlobalScope: {Limit: usd("100000")}}}
+}
+
+func launched(d Decision) map[string][]string {
+	out := map[string][]string{}
+	for _, l := range d.Launches {
+		out[l.Offer.Key()] = append(out[l.Offer.Key()], l.Jobs...)
+	}
+	return out
+}
+
+func TestTrigger(t *testing.T) {
+	cases := []struct {
+		name   string
+		alloc  int
+		active bool
+		job    Job
+		launch bool
+		code   string
+	}{
+		{"at the threshold, past the minimum wait: bursts", 80, false, mk("a").obj(), true, ""},
+		{"below the threshold: stays home", 79, false, mk("a").obj(), false, CodeBelowThreshold},
+		{"below the threshold but within hysteresis while active: bursts", 75, true, mk("a").obj(), true, ""},
+		{"below threshold minus hysteresis while active: stops", 69, true, mk("a").obj(), false, CodeBelowThreshold},
+		{"not yet past the minimum wait: waits", 95, false, mk("a").waited(time.Minute).obj(), false, CodeMinWait},
+		{"burst: prefer goes out at once, below threshold too", 10, false, mk("a").waited(time.Second).burst(broker.BurstPrefer).obj(), true, ""},
+		{"burst: never stays home", 100, false, mk("a").burst(broker.BurstNever).obj(), false, ""},
+		{"gang jobs stay on-prem", 100, false, func() Job { j := mk("a").gpus(8).obj(); j.Nodes = 2; return j }(), false, CodeNotEligible},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := input(tc.alloc, tc.job)
+			in.Active = tc.active
+			d := Decide(in)
+			if got := len(d.Launches) > 0; got != tc.launch {
+				t.Fatalf("launched=%v, want %v; reasons %v", got, tc.launch, d.Reasons)
+			}
+			if r := d.Reasons[tc.job.ID]; r.Code != tc.code {
+				t.Fatalf("reason %+v, want code %q", r, tc.code)
+			}
+		})
+	}
+}
+
+func TestHysteresisState(t *testing.T) {
+	in := input(85)
+	if d := Decide(in); !d.Active {
+		t.Fatal("85% should activate")
+	}
+	in = input(75)
+	in.Active = true
+	if d := Decide(in); !d.Active {
+		t.Fatal("75% keeps an active controller active")
+	}
+	in = input(65)
+	in.Active = true
+	if d := Decide(in); d.Active {
+		t.Fatal("65% deactivates")
+	}
+	in = input(75)
+	if d := Decide(in); d.Active {
+		t.Fatal("75% does not activate an idle controller")
+	}
+}
+
+func TestWaitTargetSkipsMinimumWait(t *testing.T) {
+	j := mk("a").waited(30 * time.Second).obj()
+	est := now.Add(3 * time.Hour)
+	j.EstimatedStart = &est
+	in := input(90, j)
+	in.Policy.Queues = map[string]QueuePolicy{"default": {WaitTarget: time.Hour}}
+	if d := Decide(in); len(d.Launches) != 1 {
+		t.Fatalf("a job projected to miss its queue's wait target should burst at once: %v", d.Reasons)
+	}
+}
+
+func TestOfferChoice(t *testing.T) {
+	cases := []struct {
+		name string
+		jobs []Job
+		want map[string][]string
+	}{
+		{"one 1-GPU job: the cheapest small machine",
+			[]Job{mk("a").obj()},
+			map[string][]string{"gcp/us-east-1//a3-highgpu-1g/on-demand": {"a"}}},
+		{"eight 1-GPU jobs of a team: one 8-GPU machine, cheaper per GPU-hour",
+			[]Job{mk("a").obj(), mk("b").obj(), mk("c").obj(), mk("d").obj(), mk("e").obj(), mk("f").obj(), mk("g").obj(), mk("h").obj()},
+			map[string][]string{"gcp/us-east-1//a3-highgpu-8g/on-demand": {"a", "b", "c", "d", "e", "f", "g", "h"}}},
+		{"a preemptible 8-GPU job: spot",
+			[]Job{mk("a").gpus(8).preemptible().obj()},
+			map[string][]string{"aws/us-east-1//p5.48xlarge/spot": {"a"}}},
+		{"a non-preemptible 8-GPU job never goes on spot",
+			[]Job{mk("a").gpus(8).obj()},
+			map[string][]string{"gcp/us-east-1//a3-highgpu-8g/on-demand": {"a"}}},
+		{"two teams do not share a machine",
+			[]Job{mk("a").obj(), mk("b").team("vision").obj()},
+			map[string][]string{"gcp/us-east-1//a3-highgpu-1g/on-demand": {"a", "b"}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(input(90, tc.jobs...))
+			if diff := cmp.Diff(tc.want, launched(d)); diff != "" {
+				t.Fatalf("launches (-want +got):\n%s\nreasons %v", diff, d.Reasons)
+			}
+		})
+	}
+}
+
+func TestLeasedCapacityFirst(t *testing.T) {
+	in := input(90, mk("a").obj())
+	lease := offer("pool", "dgx-01", 8, "30.00", false)
+	lease.Prepaid = true
+	in.Offers = append(in.Offers, lease)
+	d := Decide(in)
+	if len(d.Launches) != 1 || !d.Launches[0].Offer.Prepaid {
+		t.Fatalf("launches %+v", d.Launches)
+	}
+	if len(d.Launches[0].Fallbacks) == 0 {
+		t.Fatal("no fallbacks for capacity errors")
+	}
+}
+
+func TestFallbacksInPriceOrder(t *testing.T) {
+	d := Decide(input(90, mk("a").gpus(8).obj()))
+	var keys []string
+	for _, o := range d.Launches[0].Fallbacks {
+		keys = append(keys, o.Key())
+	}
+	want := []string{"aws/us-east-1//p5.48xlarge/on-demand"} // spot excluded: not preemptible; 1-GPU excluded: too small
+	if diff := cmp.Diff(want, keys); diff != "" {
+		t.Fatalf("fallbacks (-want +got):\n%s", diff)
+	}
+}
+
+func TestNoOfferFitsModel(t *testing.T) {
+	d := Decide(input(90, mk("a").model("H200").obj()))
+	if r := d.Reasons["a"]; r.Code != CodeNoOffer || !strings.Contains(r.Message, "gpuModel=H200") {
+		t.Fatalf("reason %+v", r)
+	}
+}
+
+func TestBudgetBlocks(t *testing.T) {
+	in := input(90, mk("a").gpus(8).obj())
+	in.Budgets["nlp"] = Budget{Limit: usd("5000"), Committed: usd("4980")}
+	d := Decide(in)
+	r := d.Reasons["a"]
+	if len(d.Launches) != 0 || r.Code != CodeBudget || !strings.Contains(r.Message, "budget nlp 4,980.00/5,000.00 USD this month") {
+		t.Fatalf("launches %v reason %+v", d.Launches, r)
+	}
+	in = input(90, mk("a").obj())
+	delete(in.Budgets, broker.GlobalScope)
+	if d := Decide(in); d.Reasons["a"].Code != CodeBudget {
+		t.Fatalf("without a global budget: %+v", d.Reasons["a"])
+	}
+}
+
+func TestBudgetSharedWithinOneDecision(t *testing.T) {
+	// Each 1-GPU launch projects 13 USD/h × 2h = 26 USD; 60 USD fits two.
+	in := input(90, mk("a").obj(), mk("b").team("t2").obj(), mk("c").team("t3").obj())
+	in.Budgets[broker.GlobalScope] = Budget{Limit: usd("60")}
+	d := Decide(in)
+	if len(d.Launches) != 2 || d.Reasons["c"].Code != CodeBudget {
+		t.Fatalf("launches %d, reasons %v", len(d.Launches), d.Reasons)
+	}
+	if d.Launches[0].ProjectedCost != usd("26") {
+		t.Fatalf("projected cost %s", d.Launches[0].ProjectedCost)
+	}
+}
+
+func TestInFlightCap(t *testing.T) {
+	in := input(90, mk("a").obj())
+	in.Policy.MaxInFlight = 1
+	in.Machines = []Machine{{ID: "m1", Provider: "aws", Team: "other", State: Provisioning, Offer: catalog[0]}}
+	if d := Decide(in); d.Reasons["a"].Code != CodeCapped {
+		t.Fatalf("reason %+v", d.Reasons["a"])
+	}
+}
+
+func TestBindToMachineWithRoom(t *testing.T) {
+	in := input(90, mk("a").obj())
+	in.Machines = []Machine{{ID: "m1", Provider: "gcp", Team: "nlp", State: Bootstrapping, Offer: catalog[3], Jobs: []string{"x"}, GPUsUsed: 4}}
+	d := Decide(in)
+	if len(d.Launches) != 0 || len(d.Binds) != 1 || d.Binds[0] != (Bind{Job: "a", Machine: "m1"}) {
+		t.Fatalf("binds %v launches %v", d.Binds, d.Launches)
+	}
+	bound := mk("x").obj()
+	bound.Machine = "m1"
+	in = input(90, bound)
+	in.Machines = []Machine{{ID: "m1", Provider: "gcp", Team: "nlp", State: Bootstrapping, Offer: catalog[3], ReadyGPUs: 2}}
+	if r := Decide(in).Reasons["x"]; r.Code != CodeInProgress || !strings.Contains(r.Message, "bootstrapping (2/8 GPUs ready)") {
+		t.Fatalf("in-progress reason %+v", r)
+	}
+}
+
+func TestScaleDown(t *testing.T) {
+	in := input(50)
+	in.Machines = []Machine{
+		{ID: "idle", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-time.Hour), IdleSince: now.Add(-11 * time.Minute)},
+		{ID: "resting", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-time.Hour), IdleSince: now.Add(-9 * time.Minute)},
+		{ID: "busy", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-2 * time.Hour), Jobs: []string{"j"}},
+		{ID: "old", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-25 * time.Hour), Jobs: []string{"k"}},
+	}
+	d := Decide(in)
+	want := []Stop{
+		{Machine: "idle", Reason: "idle", Detail: "no job for 11m (idle TTL 10m)"},
+		{Machine: "old", Reason: "max_lifetime", Detail: "reached the 1d maximum lifetime"},
+	}
+	if diff := cmp.Diff(want, d.Stops); diff != "" {
+		t.Fatalf("stops (-want +got):\n%s", diff)
+	}
+}
+
+func TestMoney(t *testing.T) {
+	for in, want := range map[string]string{"4980": "4,980.00", "1234567.891": "1,234,567.89", "5": "5.00", "-1000": "-1,000.00"} {
+		if got := Money(usd(in)); got != want {
+			t.Errorf("Money(%s) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package broker
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/spillway-dev/spillway/providers"
+)
+
+// InstanceRecord is the broker's record of one burst machine, written
+// before every external call that concerns it, so that a broker killed at
+// any moment resumes each machine where it was and never loses one.
+type InstanceRecord struct {
+	// ID is the broker's record id: the provider's idempotency key (client
+	// token) and the machine's record tag, and the agent's node name.
+	ID       string          `json:"id"`
+	Provider string          `json:"provider"`
+	Offer    providers.Offer `json:"offer"`
+	// Fallbacks are the offers still to try if the provider has no
+	// capacity for Offer.
+	Fallbacks []providers.Offer `json:"fallbacks,omitempty"`
+	State     string            `json:"state"` // see burst.MachineState
+	Reason    string            `json:"reason,omitempty"`
+	// ProviderID is the provider's id once Create answered.
+	ProviderID string `json:"providerId,omitempty"`
+	SSHHost    string `json:"sshHost,omitempty"`
+	SSHUser    string `json:"sshUser,omitempty"`
+	// Team, Queue and Jobs are the demand the machine was started for;
+	// Jobs also gains the jobs bound to it later.
+	Team  string   `json:"team"`
+	Queue string   `json:"queue"`
+	Jobs  []string `json:"jobs,omitempty"`
+	// ProjectedCost was reserved against the budgets at launch.
+	ProjectedCost int64 `json:"projectedCostMicros"`
+	// TokenSHA256 is the hash of the machine's own agent token, valid only
+	// while the machine lives.
+	TokenSHA256 string `json:"tokenSha256,omitempty"`
+
+	CreatedAt    time.Time  `json:"createdAt"`
+	LaunchedAt   *time.Time `json:"launchedAt,omitempty"`
+	ReadyAt      *time.Time `json:"readyAt,omitempty"`
+	IdleSince    *time.Time `json:"idleSince,omitempty"`
+	LastSeen     *time.Time `json:"lastSeen,omitempty"` // in the provider's list
+	TerminatedAt *time.Time `json:"terminatedAt,omitempty"`
+
+	// Bootstrap is the transcript of the SSH bootstrap (JSON as the
+	// bootstrap package writes it).
+	Bootstrap json.RawMessage `json:"bootstrap,omitempty"`
+	// Attempts counts Create calls, Deletes counts Delete calls.
+	Attempts int `json:"attempts"`
+	Deletes  int `json:"deletes"`
+	// History is every state change with its time and reason.
+	History []Transition `json:"history"`
+}
+
+// Transit records a state change.
+func (r *InstanceRecord) Transit(at time.Time, to, reason, detail string) {
+	r.History = append(r.History, Transition{At: at, From: State(r.State), To: State(to), Reason: reason, Detail: detail})
+	r.State = to
+}
+
+// GetInstance reads one record.
+func GetInstance(tx Tx, id string) (*InstanceRecord, error) {
+	var r InstanceRecord
+	if err := getJSON(tx, BucketInstances, id, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// PutInstance writes one record.
+func PutInstance(tx Tx, r *InstanceRecord) error { return putJSON(tx, BucketInstances, r.ID, r) }
+
+// ListInstances returns every record, oldest first.
+func ListInstances(tx Tx) ([]*InstanceRecord, error) {
+	var out []*InstanceRecord
+	err := tx.Scan(BucketInstances, "", "", func(_ string, v []byte) error {
+		var r InstanceRecord
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		out = append(out, &r)
+		return nil
+	})
+	return out, err
+}
+
+const tokenIndex = "agent-token/"
+
+// PutInstanceToken indexes a machine's token hash to its record.
+func PutInstanceToken(tx Tx, sha, id string) error {
+	return tx.Put(BucketInstances+"-tokens", tokenIndex+sha, []byte(id))
+}
+
+// DeleteInstanceToken revokes a machine's token.
+func DeleteInstanceToken(tx Tx, sha string) error {
+	if sha == "" {
+		return nil
+	}
+	return tx.Delete(BucketInstances+"-tokens", tokenIndex+sha)
+}
+
+// InstanceByToken finds the live machine a token hash belongs to.
+func InstanceByToken(tx Tx, sha string) (*InstanceRecord, error) {
+	id, err := tx.Get(BucketInstances+"-tokens", tokenIndex+sha)
+	if err != nil {
+		return nil, err
+	}
+	r, err := GetInstance(tx, string(id))
+	if errors.Is(err, ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	return r, err
+}

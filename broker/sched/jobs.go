@@ -1,0 +1,712 @@
+package sched
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// cycle is the working state of one Schedule call. Its slices and maps
+// are kept between calls only to reuse their memory.
+type cycle struct {
+	s          *Snapshot
+	pol        Policy
+	now        time.Time
+	nowNs      int64
+	maxSharers int
+
+	nodeOrder  []int32
+	nodes      []node
+	nodeIdx    map[string]int32
+	sgroups    []sgroup
+	sgIndex    map[sgKey]int32
+	ggroups    []ggroup
+	ggIndex    map[ggKey]int32
+	K          int // most healthy cards on one node
+	freeTotal  int // free cards on ready nodes, kept equal to the sum of their free counts
+	drainSet   bitset
+	sharedSet  bitset
+	preemptSet bitset
+	// lostSets[b] holds the nodes of preemptSet whose cheapest victim
+	// loses work in lostBucket b.
+	lostSets [65]bitset
+
+	teams      []team
+	teamIdx    map[string]int32
+	projects   []project
+	projIdx    map[projKey]int32
+	queues     []queue
+	queueIdx   map[string]int32
+	tqps       []tqp
+	tqpIdx     map[tqpKey]int32
+	unmetTotal int // sum over queues of their unmet reservation
+	cons       []constraint
+	consIdx    map[consKey]int32
+
+	running []rjob
+	rplaces []placeRef
+	pending []pjob
+	keys    []sortKey
+	sizeRef int
+	// preemptible counts running jobs that could be preempted; pMinClass
+	// is the lowest class among those loaded with the snapshot and pBatch
+	// whether one of them is in a batch queue (bounds: victims only
+	// leave during a cycle).
+	preemptible int
+	pMinClass   int32
+	pBatch      bool
+
+	plan        Plan
+	pendBuf     []Pending
+	burstBuf    []BurstDemand
+	offs        []int32 // plan.Pending[k]'s message is msg[offs[2k]:offs[2k+1]]
+	fitFailed   map[fitKey]bool
+	fitBits     []uint64 // fitBits[cons*64+g] has bit n when that shape found no place
+	drainNodes  int      // nodes in drainSet
+	stops       []Stop
+	starts      []Start
+	preemptions []Preemption
+	msg         []byte
+	resv        reservation
+	failed      map[failKey]bool
+	// lastVictims and lastNodes are the last successful preemption's.
+	lastVictims []int32
+	lastNodes   []int32
+	// miss and sawBackfill tell why the last tryStart found no place.
+	miss        miss
+	sawBackfill bool
+
+	scratch scratch
+}
+
+// placeRef is one node's share of a running job.
+type placeRef struct {
+	node int32
+	mask uint64
+}
+
+// rjob is a job holding cards: running, starting, or started this cycle.
+type rjob struct {
+	j                    *broker.Job
+	team, project, queue int32
+	class                int32
+	latency              bool
+	preemptible          bool
+	// stopping jobs have a stop request (earlier or this cycle).
+	stopping bool
+	// fresh jobs were started by this cycle.
+	fresh bool
+	total int
+	end   int64 // expected end (unix ns): timeout, or stop deadline
+	lost  int64 // ns of work lost if stopped now
+	grace int64
+	// p0:p1 is the job's range in cycle.rplaces.
+	p0, p1 int32
+}
+
+// pjob is a pending job. It copies what the cycle needs from the job, so
+// that the walk and the plan never go back to the (cold) job record.
+type pjob struct {
+	j                    *broker.Job
+	id                   string
+	team, project, queue int32
+	class                int32
+	latency              bool
+	preemptible          bool
+	burst                burstCode
+	g, n                 int   // cards per node, nodes
+	share                int64 // memory per card when it may share a card, else 0
+	gpuMem               int64 // the spec's gpuMemory
+	cons                 int32
+	cpu                  float64
+	mem                  int64
+	timeout              int64
+	sub                  int64
+	notBefore            int64 // retry backoff (unix ns), 0 when none
+	since                int64 // last entered the queue (unix ns)
+	// tqp is the job's (team, queue, priority) entry in cycle.tqps.
+	tqp int32
+}
+
+type team struct {
+	name     string
+	used     int // GPUs held by the team's jobs, including stopping ones
+	stopping int // GPUs of those jobs that were told to stop
+	hasQuota bool
+	guar     int
+	limit    int // guar + borrow limit; -1 when unlimited
+	share    float64
+	fair     float64
+}
+
+// effective is what the team holds once its stopping jobs are gone.
+func (t *team) effective() int { return t.used - t.stopping }
+
+// borrowing reports whether the team uses more than its guarantee.
+func (t *team) borrowing() bool { return t.effective() > t.guar }
+
+type projKey struct {
+	team int32
+	name string
+}
+
+type project struct {
+	name     string
+	used     int
+	stopping int
+	hasQuota bool
+	guar     int
+	limit    int
+}
+
+func (p *project) effective() int  { return p.used - p.stopping }
+func (p *project) borrowing() bool { return p.effective() > p.guar }
+
+type queue struct {
+	name     string
+	kind     QueueKind
+	reserved int
+	sharing  bool
+	held     int
+	stopping int
+}
+
+// unmet is the part of the queue's reservation its jobs do not use.
+func (q *queue) unmet() int { return max(0, q.reserved-(q.held-q.stopping)) }
+
+type consKey struct {
+	model  string
+	minMem int64
+	onprem bool
+}
+
+// constraint is the set of single-node groups a job may use.
+type constraint struct {
+	key consKey
+	sgs []int32
+	// in[g] reports whether sgroup g is in sgs.
+	in []bool
+}
+
+// sortKey orders pending jobs: key ascending (it is the complement of
+// starved, latency tier, class and score, or of starved and submit time),
+// then submit time, then id.
+type sortKey struct {
+	key uint64
+	sub int64
+	idx int32
+}
+
+func (c *cycle) reset(s *Snapshot) {
+	c.s = s
+	c.pol = s.Policy
+	c.now = s.Now
+	c.nowNs = s.Now.UnixNano()
+	c.maxSharers = s.Policy.MaxSharersPerGPU
+	if c.maxSharers <= 0 {
+		c.maxSharers = 4
+	}
+	if c.nodeIdx == nil {
+		c.nodeIdx = map[string]int32{}
+		c.sgIndex = map[sgKey]int32{}
+		c.ggIndex = map[ggKey]int32{}
+		c.teamIdx = map[string]int32{}
+		c.projIdx = map[projKey]int32{}
+		c.queueIdx = map[string]int32{}
+		c.tqpIdx = map[tqpKey]int32{}
+		c.consIdx = map[consKey]int32{}
+		c.failed = map[failKey]bool{}
+		c.fitFailed = map[fitKey]bool{}
+	}
+	clear(c.fitFailed)
+	c.fitBits = c.fitBits[:0]
+	clear(c.teamIdx)
+	clear(c.projIdx)
+	clear(c.queueIdx)
+	clear(c.tqpIdx)
+	c.tqps = c.tqps[:0]
+	clear(c.consIdx)
+	clear(c.failed)
+	c.teams, c.projects, c.queues, c.cons = c.teams[:0], c.projects[:0], c.queues[:0], c.cons[:0]
+	c.running, c.rplaces, c.pending, c.keys = c.running[:0], c.rplaces[:0], c.pending[:0], c.keys[:0]
+	c.stops, c.starts, c.preemptions = nil, nil, nil
+	c.drainNodes = 0
+	c.msg = c.msg[:0]
+	c.resv = reservation{nodes: c.resv.nodes[:0]}
+	c.unmetTotal, c.preemptible, c.pMinClass, c.pBatch = 0, 0, 0, false
+}
+
+func (c *cycle) teamOf(name string) int32 {
+	if i, ok := c.teamIdx[name]; ok {
+		return i
+	}
+	i := int32(len(c.teams))
+	c.teamIdx[name] = i
+	t := team{name: name, limit: -1, share: 1}
+	if tp, ok := c.pol.Teams[name]; ok {
+		if tp.Share > 0 {
+			t.share = tp.Share
+		}
+		if q := tp.Quota; q != nil {
+			t.hasQuota, t.guar = true, q.GPUs
+			if q.BorrowLimit != nil {
+				t.limit = q.GPUs + *q.BorrowLimit
+			}
+		}
+	}
+	c.teams = append(c.teams, t)
+	return i
+}
+
+func (c *cycle) projectOf(t int32, name string) int32 {
+	if name == "" {
+		return -1
+	}
+	k := projKey{team: t, name: name}
+	if i, ok := c.projIdx[k]; ok {
+		return i
+	}
+	i := int32(len(c.projects))
+	c.projIdx[k] = i
+	p := project{name: name, limit: -1}
+	if q, ok := c.pol.Teams[c.teams[t].name].Projects[name]; ok {
+		p.hasQuota, p.guar = true, q.GPUs
+		if q.BorrowLimit != nil {
+			p.limit = q.GPUs + *q.BorrowLimit
+		}
+	}
+	c.projects = append(c.projects, p)
+	return i
+}
+
+func (c *cycle) queueOf(name string) int32 {
+	if i, ok := c.queueIdx[name]; ok {
+		return i
+	}
+	i := int32(len(c.queues))
+	c.queueIdx[name] = i
+	qp := c.pol.Queues[name]
+	c.queues = append(c.queues, queue{name: name, kind: qp.Kind, reserved: qp.Reserved, sharing: qp.Sharing})
+	return i
+}
+
+func (c *cycle) consOf(model string, minMem int64, onprem bool) int32 {
+	k := consKey{model: model, minMem: minMem, onprem: onprem}
+	if i, ok := c.consIdx[k]; ok {
+		return i
+	}
+	i := int32(len(c.cons))
+	c.consIdx[k] = i
+	var sgs []int32
+	var in []bool
+	if int(i) < cap(c.cons) {
+		old := c.cons[:i+1][i]
+		sgs, in = old.sgs[:0], old.in[:0]
+	}
+	for g := range c.sgroups {
+		key := c.sgroups[g].key
+		ok := key.mem >= minMem && modelMatches(key.model, model) && (!onprem || key.pool == "onprem")
+		if ok {
+			sgs = append(sgs, int32(g))
+		}
+		in = append(in, ok)
+	}
+	c.cons = append(c.cons[:i], constraint{key: k, sgs: sgs, in: in})
+	return i
+}
+
+// modelMatches reports whether a card model satisfies a gpuModel
+// constraint: "H100" matches "NVIDIA H100 80GB HBM3".
+func modelMatches(have, want string) bool {
+	if want == "" {
+		return true
+	}
+	if len(want) > len(have) {
+		return false
+	}
+	for i := 0; i+len(want) <= len(have); i++ {
+		if strings.EqualFold(have[i:i+len(want)], want) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *cycle) classOf(name string) int32 { return int32(c.pol.Priorities[name]) }
+
+// burstCode is a job's burst policy in one byte.
+type burstCode uint8
+
+const (
+	burstAllowed burstCode = iota
+	burstNever
+	burstPrefer
+)
+
+func burstCodeOf(b broker.BurstPolicy) burstCode {
+	switch b {
+	case broker.BurstNever:
+		return burstNever
+	case broker.BurstPrefer:
+		return burstPrefer
+	}
+	return burstAllowed
+}
+
+func (b burstCode) policy() broker.BurstPolicy {
+	return [...]broker.BurstPolicy{broker.BurstAllowed, broker.BurstNever, broker.BurstPrefer}[b]
+}
+
+// tqpKey is a job's team, queue and priority class names: one map lookup
+// finds all three.
+type tqpKey struct{ team, queue, priority string }
+
+type tqp struct {
+	team, queue int32
+	class       int32
+	priority    string
+}
+
+func (c *cycle) tqpOf(team, queue, priority string) int32 {
+	k := tqpKey{team, queue, priority}
+	if i, ok := c.tqpIdx[k]; ok {
+		return i
+	}
+	i := int32(len(c.tqps))
+	c.tqpIdx[k] = i
+	c.tqps = append(c.tqps, tqp{team: c.teamOf(team), queue: c.queueOf(queue), class: c.classOf(priority), priority: priority})
+	return i
+}
+
+// heldSince is when a holding job took its cards: its start, or the last
+// time it was scheduled.
+func heldSince(j *broker.Job, now time.Time) time.Time {
+	if j.StartedAt != nil {
+		return *j.StartedAt
+	}
+	for i := len(j.History) - 1; i >= 0; i-- {
+		if j.History[i].To == broker.StateStarting {
+			return j.History[i].At
+		}
+	}
+	return now
+}
+
+// loadJobs applies the holding jobs to the cluster and collects the
+// pending ones. Holding jobs are applied in id order, so the holder lists
+// (and through them victim choice) do not depend on input order.
+func (c *cycle) loadJobs() {
+	s := c.s
+	c.consOf("", 0, false) // constraint 0: any node
+	c.pending = slices.Grow(c.pending, len(s.Jobs))
+	// Queues with a reservation count even when none of their jobs exist.
+	names := c.scratch.names[:0]
+	for name, q := range c.pol.Queues {
+		if q.Reserved > 0 {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		c.queueOf(name)
+	}
+	c.scratch.names = names
+	hold := c.scratch.hold[:0]
+	for _, j := range s.Jobs {
+		switch {
+		case j.State.Holding():
+			hold = append(hold, j)
+		case j.State == broker.StatePending:
+			c.addPending(j)
+		}
+	}
+	slices.SortFunc(hold, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
+	c.scratch.hold = hold
+	for _, j := range hold {
+		c.addRunning(j)
+	}
+	c.indexNodes()
+	for i := range c.queues {
+		c.unmetTotal += c.queues[i].unmet()
+	}
+	c.fairShare()
+}
+
+func (c *cycle) addRunning(j *broker.Job) {
+	t := c.teamOf(j.Spec.Team)
+	q := c.queueOf(j.Spec.Queue)
+	r := rjob{
+		j:           j,
+		team:        t,
+		project:     c.projectOf(t, j.Spec.Project),
+		queue:       q,
+		class:       c.classOf(j.Spec.Priority),
+		latency:     c.queues[q].kind == Latency,
+		preemptible: j.Spec.Preemptible,
+		stopping:    j.Stop != nil,
+		total:       j.TotalGPUs(),
+		grace:       int64(j.Spec.Checkpoint.Grace.D()),
+	}
+	start := heldSince(j, c.now)
+	r.end = start.Add(j.Spec.Timeout.D()).UnixNano()
+	if j.Stop != nil {
+		r.end = min(r.end, j.Stop.RequestedAt.Add(j.Stop.Grace).UnixNano())
+	}
+	r.end = max(r.end, c.nowNs)
+	saved := start
+	if j.LastCheckpointAt != nil && j.LastCheckpointAt.After(saved) {
+		saved = *j.LastCheckpointAt
+	}
+	r.lost = max(0, c.nowNs-saved.UnixNano())
+	ri := int32(len(c.running))
+	r.p0 = int32(len(c.rplaces))
+	for _, pl := range j.Placements {
+		ni, ok := c.nodeIdx[pl.Node]
+		if !ok {
+			continue
+		}
+		nd := &c.nodes[ni]
+		var mask uint64
+		for _, g := range pl.GPUs {
+			p := nd.pos(g)
+			if p < 0 {
+				continue
+			}
+			mask |= 1 << uint(p)
+			cd := &nd.cards[p]
+			if pl.MemoryShare > 0 {
+				cd.sharers++
+				cd.memUsed += pl.MemoryShare
+			} else {
+				cd.whole = true
+			}
+			if !r.stopping {
+				cd.live++
+			}
+		}
+		if mask == 0 {
+			continue
+		}
+		if nd.n.CPU > 0 {
+			nd.cpuFree -= j.Spec.Resources.CPU
+		}
+		if nd.n.Memory > 0 {
+			nd.memFree -= int64(j.Spec.Resources.Memory)
+		}
+		nd.holders = append(nd.holders, holder{job: ri, mask: mask})
+		c.rplaces = append(c.rplaces, placeRef{node: ni, mask: mask})
+	}
+	r.p1 = int32(len(c.rplaces))
+	c.running = append(c.running, r)
+	c.teams[t].used += r.total
+	if r.project >= 0 {
+		c.projects[r.project].used += r.total
+	}
+	c.queues[q].held += r.total
+	if r.stopping {
+		c.teams[t].stopping += r.total
+		if r.project >= 0 {
+			c.projects[r.project].stopping += r.total
+		}
+		c.queues[q].stopping += r.total
+	} else if r.preemptible {
+		if c.preemptible == 0 || r.class < c.pMinClass {
+			c.pMinClass = r.class
+		}
+		c.pBatch = c.pBatch || !r.latency
+		c.preemptible++
+	}
+}
+
+func (c *cycle) addPending(j *broker.Job) {
+	tq := c.tqpOf(j.Spec.Team, j.Spec.Queue, j.Spec.Priority)
+	t, q := c.tqps[tq].team, c.tqps[tq].queue
+	res := j.Spec.Resources
+	p := pjob{
+		j:           j,
+		id:          j.ID,
+		burst:       burstCodeOf(j.Spec.Burst),
+		gpuMem:      int64(res.GPUMemory),
+		since:       pendingSince(j).UnixNano(),
+		tqp:         tq,
+		team:        t,
+		project:     c.projectOf(t, j.Spec.Project),
+		queue:       q,
+		class:       c.tqps[tq].class,
+		latency:     c.queues[q].kind == Latency,
+		preemptible: j.Spec.Preemptible,
+		g:           res.GPUs,
+		n:           max(1, res.Nodes),
+		cpu:         res.CPU,
+		mem:         int64(res.Memory),
+		timeout:     int64(j.Spec.Timeout.D()),
+		sub:         j.SubmittedAt.UnixNano(),
+	}
+	if j.NotBefore != nil {
+		p.notBefore = j.NotBefore.UnixNano()
+	}
+	minMem := int64(res.GPUMemory)
+	if minMem > 0 && p.n == 1 && c.queues[q].sharing {
+		p.share = minMem
+	}
+	// Work placed by the scheduler stays on owned nodes: a burst machine
+	// takes only the jobs the burst controller bound to it (placeBound).
+	p.cons = c.consOf(res.GPUModel, minMem, true)
+	c.pending = append(c.pending, p)
+}
+
+// fairShare computes each team's factor 2^(-U/S): U is the team's share
+// of all decayed usage, S its share of all shares (Slurm's classic
+// formula). Sums run over sorted names so the result is exact to the bit
+// whatever the map order.
+func (c *cycle) fairShare() {
+	names := c.scratch.names[:0]
+	for name := range c.s.Usage {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	totalUsage := 0.0
+	for _, n := range names {
+		if u := c.s.Usage[n]; u > 0 {
+			totalUsage += u
+		}
+	}
+	names = names[:0]
+	for name := range c.pol.Teams {
+		if _, ok := c.teamIdx[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	for i := range c.teams {
+		names = append(names, c.teams[i].name)
+	}
+	slices.Sort(names)
+	totalShares := 0.0
+	for _, n := range names {
+		share := 1.0
+		if tp, ok := c.pol.Teams[n]; ok && tp.Share > 0 {
+			share = tp.Share
+		}
+		totalShares += share
+	}
+	c.scratch.names = names
+	for i := range c.teams {
+		t := &c.teams[i]
+		u := 0.0
+		if totalUsage > 0 {
+			u = max(0, c.s.Usage[t.name]) / totalUsage
+		}
+		t.fair = math.Exp2(-u / (t.share / totalShares))
+	}
+}
+
+// order sorts the pending jobs: starved jobs first by submit time, then
+// latency queues, then class, then score, then submit time, then id. The
+// first four pack into one word (1 bit starved, 1 bit latency, 20 bits
+// class, 42 bits score), so most comparisons are one integer compare.
+func (c *cycle) order() {
+	pol := c.pol
+	maxAge := float64(pol.MaxAge)
+	c.sizeRef = max(1, c.K)
+	starve := int64(pol.StarvationAge)
+	keys := c.keys[:0]
+	const maxClass, maxScore, maxSub = 1<<20 - 1, 1<<42 - 1, 1<<62 - 1
+	for i := range c.pending {
+		p := &c.pending[i]
+		wait := c.nowNs - p.sub
+		var k uint64
+		if starve > 0 && wait >= starve {
+			// Starved jobs go first, oldest first.
+			k = 1<<63 | uint64(maxSub-min(maxSub, max(0, p.sub)))
+		} else {
+			if p.latency {
+				k |= 1 << 62
+			}
+			k |= uint64(min(maxClass, max(0, p.class))) << 42
+			age := 0.0
+			if maxAge > 0 {
+				age = min(1, max(0, float64(wait)/maxAge))
+			}
+			size := min(1, float64(p.g*p.n)/float64(c.sizeRef))
+			score := int64(pol.Weights.Age)*quantize(age) +
+				int64(pol.Weights.FairShare)*quantize(c.teams[p.team].fair) +
+				int64(pol.Weights.Size)*quantize(size)
+			k |= uint64(min(maxScore, max(0, score)))
+		}
+		keys = append(keys, sortKey{key: ^k, sub: p.sub, idx: int32(i)})
+	}
+	keys, c.scratch.keys = radixSort(keys, c.scratch.keys)
+	// Equal keys (rare: same class and score) fall back to submit time,
+	// then id.
+	for lo := 0; lo < len(keys); {
+		hi := lo + 1
+		for hi < len(keys) && keys[hi].key == keys[lo].key {
+			hi++
+		}
+		if hi-lo > 1 {
+			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
+				if a.sub != b.sub {
+					return cmp.Compare(a.sub, b.sub)
+				}
+				return strings.Compare(c.pending[a.idx].id, c.pending[b.idx].id)
+			})
+		}
+		lo = hi
+	}
+	c.keys = keys
+	// Lay the pending jobs out in that order, so the walk reads memory
+	// front to back.
+	// Reads go front to back and writes land at each job's rank: stores
+	// overlap their cache misses, loads would wait on them.
+	rank := slices.Grow(c.scratch.rank[:0], len(keys))[:len(keys)]
+	for r, k := range keys {
+		rank[k.idx] = int32(r)
+	}
+	c.scratch.rank = rank
+	ordered := slices.Grow(c.scratch.ordered[:0], len(c.pending))[:len(c.pending)]
+	for i := range c.pending {
+		ordered[rank[i]] = c.pending[i]
+	}
+	c.pending, c.scratch.ordered = ordered, c.pending
+}
+
+// radixSort sorts a by key (LSD, 11 bits a pass, stable), skipping passes
+// where every key has the same digit. It returns the sorted slice and the
+// other buffer.
+func radixSort(a, tmp []sortKey) ([]sortKey, []sortKey) {
+	const width = 11
+	const buckets = 1 << width
+	if len(a) < 2 {
+		return a, tmp
+	}
+	tmp = slices.Grow(tmp[:0], len(a))[:len(a)]
+	var count [buckets]int
+	for shift := uint(0); shift < 64; shift += width {
+		clear(count[:])
+		for _, k := range a {
+			count[(k.key>>shift)&(buckets-1)]++
+		}
+		if count[(a[0].key>>shift)&(buckets-1)] == len(a) {
+			continue
+		}
+		sum := 0
+		for d := range count {
+			sum, count[d] = sum+count[d], sum
+		}
+		for _, k := range a {
+			d := (k.key >> shift) & (buckets - 1)
+			tmp[count[d]] = k
+			count[d]++
+		}
+		a, tmp = tmp, a
+	}
+	return a, tmp
+}
+
+// quantize turns a factor in [0, 1] into millionths, so scores compare as
+// integers.
+func quantize(f float64) int64 { return int64(f * 1e6) }

@@ -1,0 +1,19 @@
+package sched
+
+import "github.com/spillway-dev/spillway/broker"
+
+// scratch holds buffers reused within and across cycles.
+type scratch struct {
+	hold     []*broker.Job
+	names    []string
+	cards    []int32
+	gang     []int32
+	cand     []nodeCap
+	victims  []victim
+	releases []release
+	freeAt   []int32
+	pos      []int32
+	keys     []sortKey
+	ordered  []pjob
+	rank     []int32
+}

@@ -1,0 +1,192 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/sched"
+)
+
+// usageFlushEvery bounds what a crash can lose of fair-share usage: the
+// GPU-seconds of attempts that ended since the last write. Attempts still
+// holding cards are never lost: after a restart they are counted from the
+// time of the last write.
+const usageFlushEvery = 30 * time.Second
+
+// scheduling is the server's side of the scheduler core: the core with its
+// reused buffers, the policy from the config, and the fair-share ledger.
+// Guarded by Server.mu; set up on first use.
+type scheduling struct {
+	core   *sched.Scheduler
+	policy sched.Policy
+	ledger *usageLedger
+}
+
+// usageLedger is each team's decayed GPU-seconds (fair share), kept in
+// memory and written to broker.BucketUsage at most every usageFlushEvery.
+// Usage comes from the jobs' actual holding time: from scheduling to the
+// end of the attempt as the broker records it.
+type usageLedger struct {
+	halfLife time.Duration
+	// teams are all valued as of at; at is also the time up to which the
+	// jobs holding cards are counted.
+	teams map[string]sched.Usage
+	at    time.Time
+	// released are attempts that stopped holding since at, not counted
+	// yet.
+	released  []heldSpan
+	flushedAt time.Time
+	dirty     bool
+}
+
+type heldSpan struct {
+	team     string
+	gpus     int
+	from, to time.Time
+}
+
+// schedulingLocked returns the scheduler state, loading the persisted
+// usage the first time.
+func (s *Server) schedulingLocked(ctx context.Context) (*scheduling, error) {
+	sc := &s.scheduling
+	if sc.ledger != nil {
+		return sc, nil
+	}
+	l := &usageLedger{halfLife: s.cfg.Scheduler.FairShareHalfLife.D(), teams: map[string]sched.Usage{}}
+	err := s.store.View(ctx, func(tx broker.Tx) error {
+		return tx.Scan(broker.BucketUsage, "", "", func(team string, raw []byte) error {
+			var u sched.Usage
+			if err := json.Unmarshal(raw, &u); err != nil {
+				return fmt.Errorf("decode usage of team %s: %w", team, err)
+			}
+			l.teams[team] = u
+			if u.At.After(l.at) {
+				l.at = u.At
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load fair-share usage: %w", err)
+	}
+	if l.at.IsZero() {
+		l.at = s.clock.Now()
+	}
+	l.flushedAt = l.at
+	sc.core = sched.New()
+	sc.policy = s.cfg.Policy()
+	sc.ledger = l
+	return sc, nil
+}
+
+// heldFrom is when a holding job took its cards: its last scheduling.
+func heldFrom(j *broker.Job) time.Time {
+	for i := len(j.History) - 1; i >= 0; i-- {
+		if j.History[i].To == broker.StateStarting {
+			return j.History[i].At
+		}
+	}
+	if j.StartedAt != nil {
+		return *j.StartedAt
+	}
+	return time.Time{}
+}
+
+// release records that old's attempt stopped holding cards; now is the
+// job after the change.
+func (l *usageLedger) release(old, now *broker.Job) {
+	if l == nil || !old.State.Holding() || now.State.Holding() || len(now.History) == 0 {
+		return
+	}
+	from := heldFrom(old)
+	if from.Before(l.at) {
+		from = l.at
+	}
+	to := now.History[len(now.History)-1].At
+	if to.After(from) {
+		l.released = append(l.released, heldSpan{team: old.Spec.Team, gpus: old.TotalGPUs(), from: from, to: to})
+	}
+}
+
+// advance counts usage up to now: attempts released since the last
+// advance, and every job still holding cards — found through byNode (node
+// → holding job ids), each node's share of a job counted by its cards.
+func (l *usageLedger) advance(now time.Time, jobs map[string]*broker.Job, byNode map[string]map[string]bool) {
+	if now.Before(l.at) {
+		return
+	}
+	for team, u := range l.teams {
+		l.teams[team] = u.DecayTo(now, l.halfLife)
+	}
+	add := func(team string, gpus int, from, to time.Time) {
+		u, ok := l.teams[team]
+		if !ok {
+			u = sched.Usage{At: now}
+		}
+		l.teams[team] = u.AddHeld(gpus, from, to, l.halfLife).DecayTo(now, l.halfLife)
+		l.dirty = true
+	}
+	for _, sp := range l.released {
+		add(sp.team, sp.gpus, sp.from, sp.to)
+	}
+	l.released = l.released[:0]
+	for node, ids := range byNode {
+		for id := range ids {
+			j := jobs[id]
+			if j == nil || !j.State.Holding() {
+				continue
+			}
+			p, _, _ := placedOn(j, node)
+			from := heldFrom(j)
+			if from.Before(l.at) {
+				from = l.at
+			}
+			if now.After(from) && len(p.GPUs) > 0 {
+				add(j.Spec.Team, len(p.GPUs), from, now)
+			}
+		}
+	}
+	l.at = now
+}
+
+// values is the usage per team as of the last advance.
+func (l *usageLedger) values() map[string]float64 {
+	out := make(map[string]float64, len(l.teams))
+	for team, u := range l.teams {
+		out[team] = u.GPUSeconds
+	}
+	return out
+}
+
+// flush returns the write of every team's usage when one is due, or nil.
+func (l *usageLedger) flush(now time.Time) func(broker.Tx) error {
+	if !l.dirty || now.Sub(l.flushedAt) < usageFlushEvery {
+		return nil
+	}
+	teams := make(map[string]sched.Usage, len(l.teams))
+	for team, u := range l.teams {
+		teams[team] = u
+	}
+	return func(tx broker.Tx) error {
+		for team, u := range teams {
+			raw, err := json.Marshal(u)
+			if err != nil {
+				return fmt.Errorf("encode usage of team %s: %w", team, err)
+			}
+			if err := tx.Put(broker.BucketUsage, team, raw); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// logPreemptions records each preemption of a plan.
+func (s *Server) logPreemptions(plan *sched.Plan) {
+	for _, p := range plan.Preemptions {
+		s.log.Info("job preempted", "job", p.Victim, "for", p.For, "rule", p.Rule, "gpus", p.GPUs, "lost_work", p.LostWork)
+	}
+}

@@ -1,0 +1,347 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/onprem/agentapi"
+	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/onprem/gpu/sim"
+)
+
+// fakeBroker speaks just enough of the agent protocol: it hands out the
+// assignments a test queues, records every report, acknowledges ended
+// attempts, and can go down (answer 503) to play an unreachable broker.
+type fakeBroker struct {
+	mu       sync.Mutex
+	pending  []agentapi.Assignment
+	stops    []agentapi.StopOrder
+	reports  map[agentapi.JobRef]agentapi.JobReport
+	last     agentapi.SyncRequest
+	down     bool
+	logs     map[agentapi.JobRef][]byte
+	acked    map[agentapi.JobRef]bool
+	syncs    int
+	unheal   map[int]string
+	leaks    []agentapi.Leak
+	interval time.Duration
+}
+
+func newFakeBroker() *fakeBroker {
+	return &fakeBroker{reports: map[agentapi.JobRef]agentapi.JobReport{}, logs: map[agentapi.JobRef][]byte{},
+		acked: map[agentapi.JobRef]bool{}, interval: 100 * time.Millisecond}
+}
+
+func (f *fakeBroker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+		return
+	}
+	switch r.URL.Path {
+	case agentapi.PathRegister:
+		json.NewEncoder(w).Encode(agentapi.RegisterResponse{Generation: 1, HeartbeatInterval: f.interval})
+	case agentapi.PathSync:
+		var req agentapi.SyncRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		f.syncs++
+		f.last = req
+		f.unheal = req.Unhealthy
+		f.leaks = append(f.leaks, req.Leaks...)
+		resp := agentapi.SyncResponse{HeartbeatInterval: f.interval, LogOffsets: map[string]int64{}}
+		for _, ch := range req.Logs {
+			if int64(len(f.logs[ch.JobRef])) == ch.Offset {
+				f.logs[ch.JobRef] = append(f.logs[ch.JobRef], ch.Data...)
+			}
+		}
+		for _, rep := range req.Jobs {
+			f.reports[rep.JobRef] = rep
+			resp.LogOffsets[fmt.Sprintf("%s/%d", rep.Job, rep.Attempt)] = int64(len(f.logs[rep.JobRef]))
+			if rep.State != agentapi.RunRunning {
+				resp.Ack = append(resp.Ack, rep.JobRef)
+				f.acked[rep.JobRef] = true
+			}
+		}
+		resp.Start, f.pending = f.pending, nil
+		resp.Stop, f.stops = f.stops, nil
+		json.NewEncoder(w).Encode(resp)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (f *fakeBroker) report(job string) (agentapi.JobReport, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.reports[agentapi.JobRef{Job: job, Attempt: 1}]
+	return r, ok
+}
+
+// rig is an agent on a simulated 2-card node talking to a fakeBroker.
+type rig struct {
+	t      *testing.T
+	fb     *fakeBroker
+	ag     *Agent
+	sim    *sim.Backend
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	fb := newFakeBroker()
+	srv := httptest.NewServer(fb)
+	t.Cleanup(srv.Close)
+	be, err := sim.New("2xH100-80GB", "node-"+strings.ToLower(t.Name()), sim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag, err := New(Config{Broker: srv.URL, Token: "t", Name: "n1", DataDir: t.TempDir()}, be, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &rig{t: t, fb: fb, ag: ag, sim: be, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		ag.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-r.done
+	})
+	return r
+}
+
+func (r *rig) assign(job string, gpu int, timeout time.Duration, argv ...string) {
+	r.fb.mu.Lock()
+	defer r.fb.mu.Unlock()
+	r.fb.pending = append(r.fb.pending, agentapi.Assignment{
+		JobRef: agentapi.JobRef{Job: job, Attempt: 1}, Argv: argv, Env: map[string]string{"SPILLWAY_JOB_ID": job},
+		GPUs: []int{gpu}, UUIDs: []string{r.sim.UUIDs()[gpu]}, Timeout: timeout, Signal: "SIGTERM", Grace: time.Second,
+	})
+}
+
+func (r *rig) waitEnded(job string, within time.Duration) agentapi.JobReport {
+	r.t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if rep, ok := r.fb.report(job); ok && rep.State != agentapi.RunRunning {
+			return rep
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.t.Fatalf("job %s did not end within %s", job, within)
+	return agentapi.JobReport{}
+}
+
+func holders(t *testing.T, be gpu.Backend, uuid string) []gpu.Process {
+	t.Helper()
+	s, err := be.Sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gpu.Holders(s, []string{uuid})
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+func TestJobEnvironmentAndLog(t *testing.T) {
+	r := newRig(t)
+	r.assign("env", 1, time.Minute, "sh", "-c", `echo "$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $SPILLWAY_JOB_ID"; pwd; exit 3`)
+	rep := r.waitEnded("env", 5*time.Second)
+	if rep.ExitCode != 3 || rep.Signal != "" {
+		t.Fatalf("report %+v", rep)
+	}
+	r.fb.mu.Lock()
+	log := string(r.fb.logs[rep.JobRef])
+	r.fb.mu.Unlock()
+	want := r.sim.UUIDs()[1] + " PCI_BUS_ID env\n"
+	if !strings.HasPrefix(log, want) || !strings.Contains(log, "/jobs/env-1") {
+		t.Fatalf("log %q, want it to start with %q and show the per-attempt workdir", log, want)
+	}
+}
+
+func TestFailedToStart(t *testing.T) {
+	r := newRig(t)
+	r.assign("nope", 0, time.Minute, "/no/such/program")
+	rep := r.waitEnded("nope", 5*time.Second)
+	if rep.State != agentapi.RunFailedToStart || rep.ExitCode != 127 || rep.Message == "" {
+		t.Fatalf("report %+v", rep)
+	}
+}
+
+// TestLeakedGrandchildIsKilled: the job forks a grandchild that leaves the
+// job's process group (setsid) and keeps the card; when the job exits the
+// agent finds it through the GPU backend and kills it, and the card comes
+// back clean.
+func TestLeakedGrandchildIsKilled(t *testing.T) {
+	r := newRig(t)
+	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+	r.assign("leaky", 0, time.Minute, "sh", "-c",
+		fmt.Sprintf(`setsid sh -c 'echo $$ > %s; exec sleep 300' & sleep 0.3; exit 0`, pidFile))
+	rep := r.waitEnded("leaky", 30*time.Second)
+	if rep.ExitCode != 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	fmt.Sscan(string(raw), &pid)
+	deadline := time.Now().Add(3 * time.Second)
+	for alive(pid) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if alive(pid) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("grandchild %d still alive after the job ended", pid)
+	}
+	if h := holders(t, r.sim, r.sim.UUIDs()[0]); len(h) != 0 {
+		t.Fatalf("card still held by %+v", h)
+	}
+	time.Sleep(300 * time.Millisecond)
+	r.fb.mu.Lock()
+	leaks, unhealthy := r.fb.leaks, r.fb.unheal
+	r.fb.mu.Unlock()
+	if len(leaks) != 1 || leaks[0].PID != pid || !leaks[0].Killed || leaks[0].Job != "leaky" {
+		t.Fatalf("leaks reported: %+v", leaks)
+	}
+	if len(unhealthy) != 0 {
+		t.Fatalf("card marked unhealthy after a clean kill: %v", unhealthy)
+	}
+}
+
+// TestUncleanCardLeavesPool: after the job ends its card still shows
+// memory in use that no process holds; the agent cannot clean it, so the
+// card leaves the pool with the reason. A card shared with a job that is
+// still running is left alone.
+func TestUncleanCardLeavesPool(t *testing.T) {
+	old := cleanWait
+	cleanWait = 500 * time.Millisecond
+	t.Cleanup(func() { cleanWait = old })
+	r := newRig(t)
+	r.assign("neighbour", 1, time.Minute, "sleep", "300")
+	r.assign("sharer", 1, time.Minute, "sh", "-c", "sleep 0.3")
+	r.waitEnded("sharer", 30*time.Second)
+	r.assign("stuck", 0, time.Minute, "sh", "-c", "sleep 0.5")
+	time.Sleep(100 * time.Millisecond)
+	if err := r.sim.SetStuckMemory(0, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	r.waitEnded("stuck", 30*time.Second)
+	deadline := time.Now().Add(3 * time.Second)
+	var unhealthy map[int]string
+	for time.Now().Before(deadline) {
+		r.fb.mu.Lock()
+		unhealthy = r.fb.unheal
+		r.fb.mu.Unlock()
+		if unhealthy[0] != "" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(unhealthy[0], "held by no process") {
+		t.Fatalf("card 0 not taken out of the pool: %v", unhealthy)
+	}
+	if _, bad := unhealthy[1]; bad {
+		t.Fatalf("the card shared with a running job was declared unhealthy: %v", unhealthy)
+	}
+}
+
+// TestTimeoutWithoutBroker: the broker goes away; the job still ends at its
+// timeout (checkpoint signal, grace, kill), and the agent reports it once
+// the broker is back.
+func TestTimeoutWithoutBroker(t *testing.T) {
+	r := newRig(t)
+	marker := filepath.Join(t.TempDir(), "term")
+	r.assign("slow", 0, 700*time.Millisecond, "sh", "-c", fmt.Sprintf(`trap 'echo got-term > %s; exit 143' TERM; while true; do sleep 0.05; done`, marker))
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if rep, ok := r.fb.report("slow"); ok && rep.State == agentapi.RunRunning {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.fb.mu.Lock()
+	r.fb.down = true
+	r.fb.mu.Unlock()
+	time.Sleep(2 * time.Second)
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the job did not get its signal at its timeout while the broker was down: %v", err)
+	}
+	r.fb.mu.Lock()
+	r.fb.down = false
+	r.fb.mu.Unlock()
+	rep := r.waitEnded("slow", 5*time.Second)
+	if rep.Reason != "timed_out" || rep.ExitCode != 143 {
+		t.Fatalf("report %+v", rep)
+	}
+}
+
+// TestCriticalXIDMarksCardUnhealthy: a critical XID on a card takes it out
+// of the pool; a benign one does not.
+func TestCriticalXIDMarksCardUnhealthy(t *testing.T) {
+	r := newRig(t)
+	if err := r.sim.InjectXID(1, 13); err != nil { // graphics engine exception: the app's fault
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	r.fb.mu.Lock()
+	if len(r.fb.unheal) != 0 {
+		t.Fatalf("XID 13 made a card unhealthy: %v", r.fb.unheal)
+	}
+	r.fb.mu.Unlock()
+	if err := r.sim.InjectXID(0, 79); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		r.fb.mu.Lock()
+		why := r.fb.unheal[0]
+		r.fb.mu.Unlock()
+		if strings.Contains(why, "XID 79") {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("XID 79 did not mark card 0 unhealthy")
+}
+
+// TestRestartKillsLeftovers: an agent process that died left a job
+// running; the next agent process kills it before registering.
+func TestRestartKillsLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	cmd := execSleep(t, "orphan")
+	saved, _ := json.Marshal([]savedRun{{Job: "orphan", Attempt: 1, PGID: cmd.Process.Pid}})
+	os.WriteFile(filepath.Join(dir, "runs.json"), saved, 0o640)
+	innocent := execSleep(t, "someone-else")
+	savedInnocent, _ := json.Marshal([]savedRun{{Job: "orphan", Attempt: 1, PGID: cmd.Process.Pid}, {Job: "other", Attempt: 1, PGID: innocent.Process.Pid}})
+	os.WriteFile(filepath.Join(dir, "runs.json"), savedInnocent, 0o640)
+	be, _ := sim.New("1xH100-80GB", "n", sim.Options{})
+	ag, err := New(Config{Broker: "http://127.0.0.1:1", Token: "t", Name: "n", DataDir: dir}, be, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag.killLeftovers()
+	if err := waitExit(cmd, 2*time.Second); err != nil {
+		t.Fatalf("leftover job not killed: %v", err)
+	}
+	if !alive(innocent.Process.Pid) {
+		t.Fatal("a process whose pid was recorded but which carries another job id was killed")
+	}
+}
