@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -50,9 +52,15 @@ type haCluster struct {
 
 func newHACluster(t *testing.T) *haCluster {
 	t.Helper()
+	return newHAClusterOn(t, "127.0.0.1:6379", 3)
+}
+
+// newHAClusterOn is newHACluster with n brokers on the Redis at addr.
+func newHAClusterOn(t *testing.T, addr string, n int) *haCluster {
+	t.Helper()
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	store := "redis://127.0.0.1:6379/0?prefix=spillway-it-" + hex.EncodeToString(b)
+	store := "redis://" + addr + "/0?prefix=spillway-it-" + hex.EncodeToString(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	rs, err := redis.Open(ctx, store, redis.Options{})
@@ -73,7 +81,7 @@ func newHACluster(t *testing.T) *haCluster {
 	// Jobs outlive killed agents, as on a real crash: release them at the
 	// end whatever happened.
 	t.Cleanup(func() { os.WriteFile(h.release, nil, 0o600) })
-	for i := 1; i <= 3; i++ {
+	for i := 1; i <= n; i++ {
 		hb := &haBroker{id: fmt.Sprintf("b%d", i), addr: freePort(t)}
 		hb.url = "http://" + hb.addr
 		hb.config = filepath.Join(dir, hb.id+".yaml")
@@ -99,13 +107,15 @@ auth:
 		}
 		h.brokers = append(h.brokers, hb)
 	}
-	// b1 starts first and leads; b3 is the door agents and clients use (a
-	// load balancer's part in a real install): it redirects to the leader.
+	// b1 starts first and leads; the last is the door agents and clients
+	// use (a load balancer's part in a real install): it redirects to the
+	// leader.
 	h.startBroker(h.brokers[0])
 	h.waitLeader(h.brokers[:1], 10*time.Second)
-	h.startBroker(h.brokers[1])
-	h.startBroker(h.brokers[2])
-	h.url = h.brokers[2].url
+	for _, b := range h.brokers[1:] {
+		h.startBroker(b)
+	}
+	h.url = h.brokers[n-1].url
 	return h
 }
 
@@ -160,7 +170,7 @@ func (h *haCluster) waitLeader(bs []*haBroker, within time.Duration) *haBroker {
 // learns of a new leader at its next renewal step.
 func (h *haCluster) waitDoor(leader *haBroker) {
 	h.t.Helper()
-	door := h.brokers[2]
+	door := h.brokers[len(h.brokers)-1]
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		if hz, code := health(door); code == http.StatusOK && hz.LeaderURL == leader.url {
@@ -457,4 +467,119 @@ func TestHAFencingSIGSTOP(t *testing.T) {
 	if out := old.p.output(); !strings.Contains(out, "standing by") {
 		t.Errorf("the thawed leader never stood by:\n%s", out)
 	}
+}
+
+// privateRedis is a redis-server of the test's own (the shared one must
+// not go down), persisting every write to an AOF in dir.
+type privateRedis struct {
+	t    *testing.T
+	addr string
+	dir  string
+	p    *proc
+}
+
+func startPrivateRedis(t *testing.T) *privateRedis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		msg := "redis-server is not on PATH (apt-get install -y redis-server)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	r := &privateRedis{t: t, addr: freePort(t), dir: t.TempDir()}
+	r.start()
+	return r
+}
+
+func (r *privateRedis) start() {
+	r.t.Helper()
+	_, port, _ := strings.Cut(r.addr, ":")
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", r.dir, "--save", "",
+		"--appendonly", "yes", "--appendfsync", "always")
+	p := &proc{t: r.t, name: "redis", cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p, p
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	r.t.Cleanup(p.kill)
+	r.p = p
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", r.addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return
+		}
+	}
+	r.t.Fatalf("redis-server on %s did not start:\n%s", r.addr, p.output())
+}
+
+// TestHARedisOutage: Redis crashes (SIGKILL) under a leader with running
+// jobs, once restarted at once (a blip: the lease may survive it) and once
+// after twice the lease (the leader steps down, then wins again). Meanwhile the
+// broker decides nothing, says so on /healthz (503 with the reason) and
+// refuses writes; the agents' jobs keep running and no node is lost. When
+// Redis is back (from its AOF) the broker leads again and carries on.
+func TestHARedisOutage(t *testing.T) {
+	r := startPrivateRedis(t)
+	h := newHAClusterOn(t, r.addr, 1)
+	b := h.brokers[0]
+	h.agent("node-a-"+h.suffix, "sim:4xH100-80GB")
+	h.waitNodes(1)
+	cl := h.client(tokAlice)
+	ids := []string{h.submit(cl)}
+	h.waitJob(ids[0], 15*time.Second, "running", func(s string) bool { return s == "running" })
+	before := h.histories(ids)
+
+	for _, outage := range []time.Duration{0, 2 * haTTL} {
+		r.p.kill()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			var hz struct {
+				Status, Error string
+			}
+			resp, err := http.Get(b.url + "/healthz")
+			if err == nil {
+				json.NewDecoder(resp.Body).Decode(&hz)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusServiceUnavailable && hz.Status == "unhealthy" && strings.Contains(hz.Error, "store unreachable") {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("outage %s: /healthz never said the store is unreachable (%v)", outage, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		req, _ := http.NewRequest(http.MethodPost, b.url+"/v1/jobs", strings.NewReader(`{"resources":{"gpus":1},"command":["true"]}`))
+		req.Header.Set("Authorization", "Bearer "+tokAlice)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("outage %s: a submit without a store answered %d", outage, resp.StatusCode)
+		}
+		time.Sleep(outage)
+		r.start()
+		h.waitLeader(h.brokers, haTTL+haRenew+5*time.Second)
+		// A new job is accepted and starts once the broker leads again.
+		ids = append(ids, h.submit(cl))
+		h.waitJob(ids[len(ids)-1], 15*time.Second, "running", func(s string) bool { return s == "running" })
+		if j, err := h.client(tokAdmin).Job(context.Background(), ids[0]); err != nil || j.State != broker.StateRunning {
+			t.Fatalf("outage %s: the job running before it is %v (%v)", outage, j, err)
+		}
+	}
+	out := b.p.output()
+	for _, want := range []string{"store unreachable: no decisions", "lost the leader lease", "won the leader lease"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("broker log lacks %q", want)
+		}
+	}
+	h.finish(ids)
+	h.check(ids, before)
 }

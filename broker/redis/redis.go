@@ -202,6 +202,7 @@ func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
 	if o.MaxBatchSize <= 0 {
 		o.MaxBatchSize = 1000
 	}
+	clientLog.Do(func() { goredis.SetLogger(redisLog{o.Logger}) })
 	s := &Store{rdb: t.client(), prefix: "{" + prefix + "}", log: o.Logger, maxBatch: o.MaxBatchSize}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -215,6 +216,17 @@ func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
 	}
 	s.checkPersistence(pctx)
 	return s, nil
+}
+
+// clientLog routes go-redis's own messages (one per failed dial while
+// Redis is down) to the first store's logger at debug level: the broker
+// reports the outage itself, once.
+var clientLog sync.Once
+
+type redisLog struct{ l *slog.Logger }
+
+func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
+	r.l.DebugContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
 }
 
 func tlsConfig() *tls.Config { return &tls.Config{MinVersion: tls.VersionTLS12} }

@@ -45,3 +45,41 @@ func TestSubmitFollowsRedirectToLeader(t *testing.T) {
 		t.Fatalf("leader got %s %q with Authorization %q", gotMethod, gotBody, gotAuth)
 	}
 }
+
+// TestRetriesWhileNoLeader: 503 with Retry-After (an election) is sent
+// again, body and all, until a leader answers.
+func TestRetriesWhileNoLeader(t *testing.T) {
+	var calls int
+	var bodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		b, _ := io.ReadAll(r.Body)
+		bodies = append(bodies, string(b))
+		if calls < 3 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"error":{"code":"no_leader","message":"no broker leads right now"}}`)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"J2","state":"pending"}`)
+	}))
+	defer srv.Close()
+	j, err := New(srv.URL, "tok").Submit(context.Background(), []byte(`{"command":["true"]}`))
+	if err != nil || j.ID != "J2" {
+		t.Fatalf("submit = %+v, %v", j, err)
+	}
+	if calls != 3 || bodies[0] != bodies[2] || bodies[2] != `{"command":["true"]}` {
+		t.Fatalf("%d calls, bodies %q", calls, bodies)
+	}
+	// Without Retry-After a 503 is an answer.
+	calls = 0
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer plain.Close()
+	if _, err := New(plain.URL, "tok").Job(context.Background(), "J1"); err == nil || calls != 1 {
+		t.Fatalf("plain 503: %v after %d calls", err, calls)
+	}
+}
