@@ -18,7 +18,7 @@ import (
 )
 
 func serverCmd(g *globals) *cobra.Command {
-	var cfgPath, listen string
+	var cfgPath, listen, store string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the broker",
@@ -38,12 +38,19 @@ is an annotated example.`,
 			if listen != "" {
 				cfg.Listen = listen
 			}
+			if store != "" {
+				cfg.Store = store
+				if err := cfg.Validate(); err != nil {
+					return fmt.Errorf("--store: %w", err)
+				}
+			}
 			log := newLogger(g.stderr, cfg.Log)
 			return runBroker(cmd.Context(), cfg, log, nil)
 		},
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", "", "broker config file (YAML)")
 	cmd.Flags().StringVar(&listen, "listen", "", "override the config's listen address")
+	cmd.Flags().StringVar(&store, "store", "", "override the config's store: bolt:///path/spillway.db or redis://host:port/db (docs/operations.md)")
 	return cmd
 }
 
