@@ -23,6 +23,8 @@ func (s *Store) Batch(ctx context.Context, fn func(broker.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	s.inflight.Add(1)
+	defer s.inflight.Done()
 	c := &call{fn: fn, err: make(chan error, 1)}
 	s.bmu.Lock()
 	s.queue = append(s.queue, c)

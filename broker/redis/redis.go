@@ -75,6 +75,8 @@ type Store struct {
 	bmu      sync.Mutex
 	queue    []*call
 	draining bool
+	// inflight counts Batch calls not yet answered; Close waits for them.
+	inflight sync.WaitGroup
 }
 
 var (
@@ -316,15 +318,7 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Close closes the connections. Batch calls in flight finish first.
 func (s *Store) Close() error {
-	for {
-		s.bmu.Lock()
-		busy := s.draining || len(s.queue) > 0
-		s.bmu.Unlock()
-		if !busy {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	s.inflight.Wait()
 	return s.rdb.Close()
 }
 
