@@ -85,7 +85,14 @@ func newHAClusterOn(t *testing.T, addr string, n int) *haCluster {
 		hb := &haBroker{id: fmt.Sprintf("b%d", i), addr: freePort(t)}
 		hb.url = "http://" + hb.addr
 		hb.config = filepath.Join(dir, hb.id+".yaml")
+		h.brokers = append(h.brokers, hb)
+	}
+	// One advertiseURL for all (the door, as a load balancer would be);
+	// each broker's own address is its ha.peerURL, by default its listen.
+	door := h.brokers[n-1].url
+	for _, hb := range h.brokers {
 		cfg := fmt.Sprintf(`listen: %s
+advertiseURL: %s
 dataDir: data-%s
 store: %s
 ha: {brokerID: %s, leaseTTL: %s, renewInterval: %s, agentGrace: 20s}
@@ -101,11 +108,10 @@ auth:
     - {name: alice, role: user, team: nlp, token: %s}
     - {name: admin, role: operator, token: %s}
     - {name: agents, role: agent, token: %s}
-`, hb.addr, hb.id, store, hb.id, haTTL, haRenew, tokAlice, tokAdmin, tokAgent)
+`, hb.addr, door, hb.id, store, hb.id, haTTL, haRenew, tokAlice, tokAdmin, tokAgent)
 		if err := os.WriteFile(hb.config, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		h.brokers = append(h.brokers, hb)
 	}
 	// b1 starts first and leads; the last is the door agents and clients
 	// use (a load balancer's part in a real install): it redirects to the

@@ -9,7 +9,7 @@ import (
 )
 
 // followRedirects is the client's redirect policy. A standby broker
-// answers writes with 307 to the leader's advertise URL, and Go keeps the
+// answers writes with 307 to the leader's own URL (ha.peerURL), and Go keeps the
 // method and body of a 307 but drops Authorization when the redirect goes
 // to another host: the token is put back, since the brokers of one
 // cluster share their tokens.

@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -59,6 +61,9 @@ type Config struct {
 
 	// billing is Billing checked and compiled by Validate.
 	billing billing.Compiled
+
+	// Reports shapes the utilisation and delivery reports (reports.go).
+	Reports Reports `json:"reports,omitempty"`
 }
 
 // HA configures the leader lease that brokers sharing a Redis store hold
@@ -67,6 +72,10 @@ type HA struct {
 	// BrokerID names this broker in the lease; defaults to
 	// <hostname>-<listen port>.
 	BrokerID string `json:"brokerID,omitempty"`
+	// PeerURL reaches this very broker (not a load balancer): standbys
+	// redirect writes to the leader's. Defaults to http://<listen>, with
+	// the hostname when listen is on every interface.
+	PeerURL string `json:"peerURL,omitempty"`
 	// LeaseTTL is how long the lease lasts unrenewed: a dead leader is
 	// replaced within LeaseTTL + RenewInterval.
 	LeaseTTL broker.Duration `json:"leaseTTL,omitempty"`
@@ -400,6 +409,14 @@ func (c *Config) applyDefaults() {
 		}
 		c.HA.BrokerID = clipName(host + "-" + port)
 	}
+	if c.HA.PeerURL == "" {
+		c.HA.PeerURL = "http://" + c.Listen
+		if h, port, err := net.SplitHostPort(c.Listen); err == nil && (h == "" || h == "0.0.0.0" || h == "::") {
+			if host, err := os.Hostname(); err == nil {
+				c.HA.PeerURL = "http://" + net.JoinHostPort(host, port)
+			}
+		}
+	}
 	c.observeDefaults()
 	c.burstDefaults()
 }
@@ -535,6 +552,9 @@ func (c *Config) Validate() error {
 	}
 	if !nameRe.MatchString(c.HA.BrokerID) {
 		add("ha.brokerID", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
+	}
+	if u, err := url.Parse(c.HA.PeerURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Contains(c.HA.PeerURL, "|") {
+		add("ha.peerURL", broker.CodeInvalid, "must be an http:// or https:// URL that reaches this broker")
 	}
 	if ttl := c.HA.LeaseTTL.D(); ttl < 500*time.Millisecond || ttl > 5*time.Minute {
 		add("ha.leaseTTL", broker.CodeOutOfRange, "must be between 500ms and 5m")

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,18 @@ func TestHADefaultsAndStore(t *testing.T) {
 	}
 	if !strings.HasSuffix(c.HA.BrokerID, "-9090") || !nameRe.MatchString(c.HA.BrokerID) {
 		t.Fatalf("default broker id %q", c.HA.BrokerID)
+	}
+	if c.HA.PeerURL != "http://127.0.0.1:9090" {
+		t.Fatalf("default peer URL %q", c.HA.PeerURL)
+	}
+	// On every interface the peer URL names the host, so that one file
+	// serves every broker behind a shared advertiseURL.
+	c, err = Parse([]byte("listen: 0.0.0.0:8080\nadvertiseURL: http://lb.internal:8080\ndataDir: x\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host, _ := os.Hostname(); c.HA.PeerURL != "http://"+host+":8080" {
+		t.Fatalf("peer URL on 0.0.0.0: %q", c.HA.PeerURL)
 	}
 	c, err = Parse([]byte("dataDir: x\nstore: redis://127.0.0.1:6379/0\nha: {brokerID: b1, leaseTTL: 2s}\n"))
 	if err != nil {

@@ -20,7 +20,7 @@ const DefaultLeaseTTL = 10 * time.Second
 // ElectorConfig configures a leader election.
 type ElectorConfig struct {
 	// ID names this broker (no '|'); URL is where the others redirect
-	// writes to while it leads (its advertise URL).
+	// writes to while it leads (its peer URL, ha.peerURL).
 	ID  string
 	URL string
 	// TTL is the lease's life without renewal (default 10s). A dead
@@ -68,7 +68,7 @@ func (s *Store) NewElector(cfg ElectorConfig) (*Elector, error) {
 		return nil, fmt.Errorf("elector: broker id %q must be non-empty and contain no '|'", cfg.ID)
 	}
 	if cfg.URL == "" {
-		return nil, errors.New("elector: advertise URL is required")
+		return nil, errors.New("elector: the broker's URL is required")
 	}
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultLeaseTTL
@@ -103,7 +103,7 @@ func (e *Elector) Status() Status {
 // IsLeader reports whether this broker holds an unexpired lease.
 func (e *Elector) IsLeader() bool { return e.Status().Leader }
 
-// LeaderURL is the advertise URL of the current leader ("" when unknown).
+// LeaderURL is the URL of the current leader ("" when unknown).
 func (e *Elector) LeaderURL() string { return e.Status().LeaderURL }
 
 // Changes receives a value (coalesced) whenever Status changes.

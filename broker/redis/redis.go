@@ -9,7 +9,7 @@
 //	{P}:k:<bucket>         sorted set, every member at score 0: the keys of
 //	                       the bucket, so ZRANGEBYLEX gives bytewise order
 //	{P}:fence              integer: the fencing counter (INCR per won lease)
-//	{P}:leader             string "<token>|<broker id>|<advertise URL>",
+//	{P}:leader             string "<token>|<broker id>|<peer URL>",
 //	                       with a TTL: the leader lease
 //
 // Transactions are optimistic. Inside Update every key read is WATCHed

@@ -41,7 +41,7 @@ return n
 // new fencing token: one INCR of the counter per lease won.
 //
 //	KEYS[1] the lease, KEYS[2] the fence counter
-//	ARGV[1] "<broker id>|<advertise URL>", ARGV[2] the TTL in milliseconds
+//	ARGV[1] "<broker id>|<peer URL>", ARGV[2] the TTL in milliseconds
 //
 // It returns {token, value} when won, {0, holder's value} when held.
 var acquireScript = goredis.NewScript(`

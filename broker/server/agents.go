@@ -351,6 +351,7 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 	if j.LastCheckpointAt != nil {
 		env["SPILLWAY_RESUME"] = "1"
 	}
+	s.addJobEnv(j, env)
 	a := agentapi.Assignment{
 		JobRef:      agentapi.JobRef{Job: j.ID, Attempt: j.Attempt},
 		Name:        j.Spec.Name,

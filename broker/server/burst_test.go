@@ -3,6 +3,8 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -108,6 +110,8 @@ func (r *burstRig) bootstrap(ctx context.Context, rec *broker.InstanceRecord, pr
 	if err := a.tryRegister(rec.Offer.GPUs); err != nil {
 		return tr, err
 	}
+	sum := sha256.Sum256([]byte(agent.Token))
+	a.stale = func() bool { return r.rec(agent.Name).TokenSHA256 != hex.EncodeToString(sum[:]) }
 	r.mu.Lock()
 	r.machines[agent.Name] = a
 	r.mu.Unlock()

@@ -176,6 +176,8 @@ type fakeAgent struct {
 	gpus int
 	// token is the agent's token (tokAgent when empty).
 	token string
+	// stale, when set, says whether this agent has been replaced.
+	stale func() bool
 }
 
 func simInventory(name string, n int) gpu.Inventory {
@@ -227,6 +229,11 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 		tok = a.token
 	}
 	if code := a.h.do("POST", agentapi.PathSync, tok, req, &resp); code != http.StatusOK {
+		if a.replaced() {
+			// A burst machine whose bootstrap ran again (after a broker
+			// restart) has a new agent with a new token; this one is gone.
+			return resp
+		}
 		a.h.t.Fatalf("sync %s: %d", a.name, code)
 	}
 	for _, ref := range resp.Ack {
@@ -238,6 +245,9 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 	a.last = resp
 	return resp
 }
+
+// replaced reports whether a newer agent took over this burst machine.
+func (a *fakeAgent) replaced() bool { return a.stale != nil && a.stale() }
 
 func (a *fakeAgent) exit(id string, code int, signal string) {
 	for ref, r := range a.jobs {

@@ -276,8 +276,10 @@ var standbyRoutes = map[string]bool{
 
 // leaderGate sends a standby's requests where they belong: reads of the
 // store are served here, the rest is redirected (307, method and body
-// kept) to the leader's advertise URL, or answered 503 while no leader is
-// known. On the leader, writes get 503 while the store is unreachable.
+// kept) to the leader's peer URL, or answered 503 while no leader is
+// known. The leader's URL is its ha.peerURL, its own address: several
+// brokers may share one advertiseURL (a load balancer) for agents. On the
+// leader, writes get 503 while the store is unreachable.
 func (s *Server) leaderGate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.ha == nil {
@@ -297,7 +299,7 @@ func (s *Server) leaderGate(next echo.HandlerFunc) echo.HandlerFunc {
 		if read && standbyRoutes[c.Path()] {
 			return next(c)
 		}
-		if st.LeaderURL != "" && !st.Leader && st.LeaderURL != s.cfg.AdvertiseURL {
+		if st.LeaderURL != "" && !st.Leader && st.LeaderID != s.cfg.HA.BrokerID {
 			c.Response().Header().Set(echo.HeaderLocation, strings.TrimRight(st.LeaderURL, "/")+req.RequestURI)
 			var body errorBody
 			body.Error.Code = "not_leader"

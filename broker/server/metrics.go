@@ -19,6 +19,8 @@ type metrics struct {
 	burstLead    *prometheus.HistogramVec
 	budgetUsed   *prometheus.GaugeVec
 	budgetAlerts *prometheus.CounterVec
+	// delivery are the delivery series and gauges (delivery.go).
+	delivery *deliveryMetrics
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
@@ -60,6 +62,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 	reg.MustRegister(m.budgetUsed, m.budgetAlerts, m.burstLead, m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s})
+	m.delivery = newDeliveryMetrics(reg, s)
 	return m
 }
 
@@ -72,6 +75,7 @@ func (m *metrics) observeTransition(old, j *broker.Job) {
 	for _, t := range j.History[min(from, len(j.History)):] {
 		m.transitions.WithLabelValues(string(t.To)).Inc()
 	}
+	m.delivery.observe(old, j)
 }
 
 // stateCollector reports gauges read from the broker's memory at scrape

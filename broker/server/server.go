@@ -92,6 +92,8 @@ type Server struct {
 	// scheduling is the scheduler core and fair-share ledger
 	// (schedule_apply.go).
 	scheduling scheduling
+	// observability is the observability bookkeeping (delivery.go).
+	observability observeState
 }
 
 // New builds a broker over an open store and loads its state.

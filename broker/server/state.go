@@ -57,6 +57,9 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 			if err := s.allocChangesLocked(tx, s.jobs[j.ID], j, now); err != nil {
 				return err
 			}
+			if err := s.keepAllocHistoryLocked(tx, s.jobs[j.ID], j, now); err != nil {
+				return err
+			}
 		}
 		for _, n := range nodes {
 			if err := broker.PutNode(tx, n); err != nil {

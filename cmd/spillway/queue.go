@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"github.com/spillway-dev/spillway/broker/client"
+	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func queueCmd(g *globals) *cobra.Command {
@@ -13,50 +15,39 @@ func queueCmd(g *globals) *cobra.Command {
 		Short: "The queues: load, and the waiting jobs in order with why each waits",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := g.checkOutput(); err != nil {
-				return err
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			qs, err := c.Queues(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json() {
-				return g.printJSON(qs)
-			}
-			w := g.table()
-			fmt.Fprintln(w, "QUEUE\tKIND\tRUNNING\tGPUS\tWAITING\tGPUS WANTED\tTIMEOUT (DEFAULT/MAX)")
-			for _, q := range qs {
-				if only != "" && q.Name != only {
-					continue
-				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s/%s\n", q.Name, q.Kind, q.Running, q.GPUsRunning, q.Pending, q.GPUsWaiting,
-					q.DefaultTimeout, q.MaxTimeout)
-			}
-			_ = w.Flush()
-			for _, q := range qs {
-				if (only != "" && q.Name != only) || len(q.Waiting) == 0 {
-					continue
-				}
-				fmt.Fprintf(g.stdout, "\nWaiting in %s:\n", q.Name)
-				w = g.table()
-				fmt.Fprintln(w, "  #\tJOB\tNAME\tTEAM\tPRIO\tGPUS\tWHY")
-				for _, j := range q.Waiting {
-					pos, why := "-", "-"
-					if j.Reason != nil {
-						why = j.Reason.Message
-						if j.Reason.Position > 0 {
-							pos = fmt.Sprint(j.Reason.Position)
+			return show(g, cmd, func(c *client.Client) ([]server.QueueView, error) { return c.Queues(cmd.Context()) },
+				func(qs []server.QueueView) error {
+					w := g.table()
+					fmt.Fprintln(w, "QUEUE\tKIND\tRUNNING\tGPUS\tWAITING\tGPUS WANTED\tTIMEOUT (DEFAULT/MAX)")
+					for _, q := range qs {
+						if only != "" && q.Name != only {
+							continue
 						}
+						fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s/%s\n", q.Name, q.Kind, q.Running, q.GPUsRunning, q.Pending, q.GPUsWaiting,
+							q.DefaultTimeout, q.MaxTimeout)
 					}
-					fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", pos, j.ID, j.Name, j.Team, j.Priority, j.GPUs, why)
-				}
-				_ = w.Flush()
-			}
-			return nil
+					_ = w.Flush()
+					for _, q := range qs {
+						if (only != "" && q.Name != only) || len(q.Waiting) == 0 {
+							continue
+						}
+						fmt.Fprintf(g.stdout, "\nWaiting in %s:\n", q.Name)
+						w = g.table()
+						fmt.Fprintln(w, "  #\tJOB\tNAME\tTEAM\tPRIO\tGPUS\tWHY")
+						for _, j := range q.Waiting {
+							pos, why := "-", "-"
+							if j.Reason != nil {
+								why = j.Reason.Message
+								if j.Reason.Position > 0 {
+									pos = fmt.Sprint(j.Reason.Position)
+								}
+							}
+							fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", pos, j.ID, j.Name, j.Team, j.Priority, j.GPUs, why)
+						}
+						_ = w.Flush()
+					}
+					return nil
+				})
 		},
 	}
 	cmd.Flags().StringVar(&only, "queue", "", "only this queue")

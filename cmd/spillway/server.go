@@ -90,7 +90,7 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 	opt := server.Options{Logger: log}
 	if rs, ok := st.(*redis.Store); ok {
 		// Brokers sharing a Redis elect one leader (docs/operations.md).
-		el, err := rs.NewElector(redis.ElectorConfig{ID: cfg.HA.BrokerID, URL: cfg.AdvertiseURL,
+		el, err := rs.NewElector(redis.ElectorConfig{ID: cfg.HA.BrokerID, URL: cfg.HA.PeerURL,
 			TTL: cfg.HA.LeaseTTL.D(), RenewEvery: cfg.HA.RenewInterval.D(), Logger: log})
 		if err != nil {
 			return err

@@ -7,7 +7,7 @@ import (
 
 // brokerHTTP is the agent's HTTP client. Several brokers may share one
 // store, one of them leading: a standby answers the agent with 307 to the
-// leader's advertise URL. Go keeps a 307's method and body but drops
+// leader's own URL. Go keeps a 307's method and body but drops
 // Authorization when the redirect goes to another host, so the token is
 // put back (the brokers of one cluster share the agent tokens).
 func brokerHTTP() *http.Client {
