@@ -301,6 +301,10 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 	now := s.clock.Now()
 	s.refreshOffers(ctx, now)
 	s.mu.Lock()
+	if !s.mayDecideLocked() {
+		s.mu.Unlock()
+		return nil // a standby, or the store is unreachable (leader.go)
+	}
 	in, err := s.burstInputLocked(ctx, now)
 	if err != nil {
 		s.mu.Unlock()
