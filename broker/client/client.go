@@ -28,7 +28,7 @@ type Client struct {
 
 // New returns a client for the broker at baseURL.
 func New(baseURL, token string) *Client {
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{}}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: followRedirects}}
 }
 
 // APIError is an error answer of the API.
@@ -63,7 +63,7 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, co
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.send(req)
 	if err != nil {
 		return nil, fmt.Errorf("reach broker at %s: %w", c.BaseURL, err)
 	}

@@ -60,6 +60,9 @@ func (s *Server) register(c echo.Context) error {
 	ctx := c.Request().Context()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.checkLeaderLocked(); err != nil {
+		return err
+	}
 	now := s.clock.Now()
 	n := &broker.Node{Name: req.Node, Pool: "onprem"}
 	if old, ok := s.nodes[req.Node]; ok {
@@ -114,6 +117,10 @@ func (s *Server) sync(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	s.mu.Lock()
+	if err := s.checkLeaderLocked(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
 	resp, err := s.recordSyncLocked(ctx, &req)
 	if err != nil {
 		s.mu.Unlock()
@@ -130,6 +137,10 @@ func (s *Server) sync(c echo.Context) error {
 		}
 		timer.Stop()
 		s.mu.Lock()
+		if err := s.checkLeaderLocked(); err != nil {
+			s.mu.Unlock()
+			return err // orders never come from a broker that stopped leading
+		}
 		resp.Start, resp.Stop = s.ordersLocked(req.Node, reportedSet(&req))
 	}
 	s.mu.Unlock()

@@ -89,6 +89,25 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 		b.providers[p.Name()] = p
 		b.kinds[p.Name()] = kind
 	}
+	if err := s.loadInstances(ctx); err != nil {
+		return err
+	}
+	if len(b.providers) > 0 {
+		signer, err := loadOrCreateSSHKey(s.sshKeyPath())
+		if err != nil {
+			return err
+		}
+		b.signer = signer
+	}
+	return nil
+}
+
+// loadInstances reads the instance records into memory and tells the
+// leased-host pools which hosts the records claim: at start, and again
+// whenever this broker takes over as leader (leader.go).
+func (s *Server) loadInstances(ctx context.Context) error {
+	b := &s.burst
+	b.instances = map[string]*broker.InstanceRecord{}
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		recs, err := broker.ListInstances(tx)
 		for _, r := range recs {
@@ -114,13 +133,6 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 		if err := pool.Restore(claims); err != nil {
 			s.log.Warn("restore leased host claims", "provider", name, "err", err)
 		}
-	}
-	if len(b.providers) > 0 {
-		signer, err := loadOrCreateSSHKey(s.sshKeyPath())
-		if err != nil {
-			return err
-		}
-		b.signer = signer
 	}
 	return nil
 }
@@ -289,6 +301,10 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 	now := s.clock.Now()
 	s.refreshOffers(ctx, now)
 	s.mu.Lock()
+	if !s.mayDecideLocked() {
+		s.mu.Unlock()
+		return nil // a standby, or the store is unreachable (leader.go)
+	}
 	in, err := s.burstInputLocked(ctx, now)
 	if err != nil {
 		s.mu.Unlock()

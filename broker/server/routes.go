@@ -1,7 +1,6 @@
 package server
 
 import (
-	"net/http"
 	"strconv"
 	"time"
 
@@ -22,6 +21,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	e.HTTPErrorHandler = errorHandler(s.log)
 	e.Use(middleware.Recover())
 	e.Use(s.observe)
+	e.Use(s.leaderGate)
 
 	e.GET("/healthz", s.healthz)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
@@ -86,9 +86,12 @@ type Health struct {
 	Status  string `json:"status"` // ok | unhealthy
 	Version string `json:"version"`
 	Leader  bool   `json:"leader"`
-	Error   string `json:"error,omitempty"`
+	// LeaderURL is where the leader is, when brokers elect one.
+	LeaderURL string `json:"leaderURL,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 func (s *Server) healthz(c echo.Context) error {
-	return c.JSON(http.StatusOK, Health{Status: "ok", Version: Version, Leader: true})
+	h, status := s.health(c.Request().Context())
+	return c.JSON(status, h)
 }

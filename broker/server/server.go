@@ -38,6 +38,10 @@ type Options struct {
 	Clock    clock.Clock
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Elector, when set, is the leader election among brokers sharing the
+	// store: the broker stands by until it wins a lease (leader.go).
+	// Without one the broker always leads.
+	Elector broker.Elector
 	// Providers are added to the configured ones (tests use fakes).
 	Providers []providers.Provider
 	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
@@ -83,6 +87,8 @@ type Server struct {
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
 	schedWake chan struct{}
+	// ha is the leader election, nil when this broker always leads.
+	ha *haState
 	// scheduling is the scheduler core and fair-share ledger
 	// (schedule_apply.go).
 	scheduling scheduling
@@ -121,7 +127,9 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		schedWake:   make(chan struct{}, 1),
 	}
 	s.metrics = newMetrics(opt.Registry, s)
-	if err := s.load(ctx); err != nil {
+	if opt.Elector != nil {
+		s.initHA(opt.Elector) // state loads when a lease is won
+	} else if err := s.load(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.initBurst(ctx, opt); err != nil {
@@ -174,17 +182,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
-		s.loop(ctx)
-	}()
-	exportsDone := make(chan struct{})
-	go func() {
-		defer close(exportsDone)
-		s.runExports(ctx)
-	}()
-	burstDone := make(chan struct{})
-	go func() {
-		defer close(burstDone)
-		s.burstLoop(ctx)
+		s.lead(ctx) // the scheduling loop, burst controller and other leader tasks
 	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -198,8 +196,6 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(shutdown)
 	<-loopDone
-	<-exportsDone
-	<-burstDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}

@@ -141,6 +141,9 @@ func (s *Server) holdingOnLocked(node string) []*broker.Job {
 func (s *Server) Cycle(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.mayDecideLocked() {
+		return nil // a standby, or the store is unreachable (leader.go)
+	}
 	now := s.clock.Now()
 	if err := s.checkNodesLocked(ctx, now); err != nil {
 		return err
