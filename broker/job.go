@@ -118,6 +118,10 @@ type Job struct {
 	// NotBefore holds a job back from scheduling until then (retry backoff).
 	NotBefore *time.Time `json:"notBefore,omitempty"`
 
+	// Machine is the burst machine (its record id) the burst controller
+	// bound the job to; the job waits for it in state provisioning.
+	Machine string `json:"machine,omitempty"`
+
 	Placements []Placement    `json:"placements,omitempty"`
 	Stop       *StopRequest   `json:"stop,omitempty"`
 	ExitCode   *int           `json:"exitCode,omitempty"`

@@ -43,13 +43,41 @@ var ErrStopScan = errors.New("stop scan")
 //     the transaction.
 //   - Batch is Update that may be coalesced with concurrent Batch calls into
 //     one commit (group commit); fn may run more than once.
-//   - A Store with a fencing token (see Fence) refuses every write once a
+//   - A Store with a fencing token (see Fenced) refuses every write once a
 //     newer token exists, returning ErrFenced.
 type Store interface {
 	View(ctx context.Context, fn func(Tx) error) error
 	Update(ctx context.Context, fn func(Tx) error) error
 	Batch(ctx context.Context, fn func(Tx) error) error
 	Close() error
+}
+
+// Fenced is implemented by stores that several brokers share (Redis). The
+// cluster keeps a fence counter next to the data; the leader election
+// increments it each time a broker wins the lease and hands the new value
+// to the winner as its token.
+//
+// Once SetFence has been called, every write transaction (Update, Batch)
+// checks atomically with its commit that the cluster's counter still equals
+// the token, and fails with ErrFenced otherwise: a broker that was paused
+// or partitioned past its lease cannot write after a newer leader took
+// over, whatever it still believes. A store whose SetFence was never called
+// writes unchecked (tools such as `spillway store copy`). Reads are never
+// fenced.
+type Fenced interface {
+	// SetFence sets the token that later writes carry. Token 0 is below
+	// every token a leader can hold, so it fences a broker that never led.
+	SetFence(token uint64)
+	// Fence returns the cluster's current counter (0 before any leader).
+	Fence(ctx context.Context) (uint64, error)
+}
+
+// BucketLister is implemented by stores that can name their buckets, so
+// that tools (`spillway store copy`) move every bucket, including ones
+// added after the tool was written.
+type BucketLister interface {
+	// Buckets returns the buckets holding at least one key, by name.
+	Buckets(ctx context.Context) ([]Bucket, error)
 }
 
 // Tx is one transaction. Byte slices returned by Get and passed to Scan

@@ -193,6 +193,11 @@ func (c *cluster) waitHealthy(within time.Duration) {
 
 func (c *cluster) agent(name, gpus string) *proc {
 	c.t.Helper()
+	if strings.HasPrefix(gpus, "sim:") {
+		// Cards of their own: a stray process of another test never
+		// holds this cluster's simulated cards.
+		gpus += ",seed=" + filepath.Base(c.dir)
+	}
 	return start(c.t, "agent "+name, "agent", "--broker", c.url, "--token", tokAgent, "--name", name,
 		"--gpus", gpus, "--data-dir", filepath.Join(c.dir, "agent-"+name))
 }

@@ -2,8 +2,8 @@
 // a small team runs one broker process and nothing else.
 //
 // Every Update is one bbolt read-write transaction, fsynced before it
-// returns. Batch uses bbolt's Batch, which coalesces concurrent callers into
-// one transaction and one fsync (group commit): that is how the submit path
+// returns. Batch coalesces concurrent callers into one transaction and one
+// fsync (group commit, see groupCommit): that is how the submit path
 // reaches thousands of durable writes per second on one disk.
 package bolt
 
@@ -25,7 +25,8 @@ const FileName = "spillway.db"
 
 // Store is a broker.Store on one bbolt file.
 type Store struct {
-	db *bbolt.DB
+	db    *bbolt.DB
+	group *groupCommit
 }
 
 var _ broker.Store = (*Store)(nil)
@@ -43,11 +44,7 @@ func Open(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	// A short batch window: concurrent submits share a commit, a lone one
-	// waits at most this long.
-	db.MaxBatchDelay = 2 * time.Millisecond
-	db.MaxBatchSize = 2000
-	return &Store{db: db}, nil
+	return &Store{db: db, group: &groupCommit{db: db, max: 2000}}, nil
 }
 
 // Path is the file the store lives in.
@@ -74,7 +71,7 @@ func (s *Store) Batch(ctx context.Context, fn func(broker.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Batch(func(btx *bbolt.Tx) error { return fn(&tx{btx}) })
+	return s.group.do(fn)
 }
 
 // Close closes the file.

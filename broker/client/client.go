@@ -28,7 +28,7 @@ type Client struct {
 
 // New returns a client for the broker at baseURL.
 func New(baseURL, token string) *Client {
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{}}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: followRedirects}}
 }
 
 // APIError is an error answer of the API.
@@ -63,7 +63,7 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, co
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.send(req)
 	if err != nil {
 		return nil, fmt.Errorf("reach broker at %s: %w", c.BaseURL, err)
 	}
@@ -278,4 +278,65 @@ func (c *Client) Export(ctx context.Context, q BillingQuery, w io.Writer) error 
 	defer resp.Body.Close()
 	_, err = io.Copy(w, resp.Body)
 	return err
+}
+
+// Instances lists the burst machines.
+func (c *Client) Instances(ctx context.Context) ([]server.InstanceView, error) {
+	var out struct {
+		Instances []server.InstanceView `json:"instances"`
+	}
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/instances", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Instances, nil
+}
+
+// Instance describes one burst machine.
+func (c *Client) Instance(ctx context.Context, id string) (*server.InstanceView, error) {
+	var out server.InstanceView
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/instances/"+url.PathEscape(id), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// BurstPlan returns what the burst controller would do now.
+func (c *Client) BurstPlan(ctx context.Context) (*server.BurstPlan, error) {
+	var out server.BurstPlan
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/burst/plan", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Budgets lists the burst budgets with this month's money.
+func (c *Client) Budgets(ctx context.Context) ([]server.BudgetView, error) {
+	var out struct {
+		Budgets []server.BudgetView `json:"budgets"`
+	}
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/budgets", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Budgets, nil
+}
+
+// SetBudget sets a scope's monthly burst budget ("global" or a team).
+func (c *Client) SetBudget(ctx context.Context, scope, limit string) (*broker.Budget, error) {
+	raw, _ := json.Marshal(server.BudgetRequest{Limit: limit})
+	var out broker.Budget
+	if err := c.getJSON(ctx, http.MethodPut, "/v1/budgets/"+url.PathEscape(scope), bytes.NewReader(raw), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Queues returns every queue with its load and waiting jobs.
+func (c *Client) Queues(ctx context.Context) ([]server.QueueView, error) {
+	var out struct {
+		Queues []server.QueueView `json:"queues"`
+	}
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/queues", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Queues, nil
 }

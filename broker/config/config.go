@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
+	redisstore "github.com/spillway-dev/spillway/broker/redis"
 )
 
 // Config is the whole broker configuration.
@@ -30,7 +33,8 @@ type Config struct {
 	// DataDir holds the embedded store and other local state.
 	DataDir string `json:"dataDir"`
 	// Store selects the store: "bolt" (the default: DataDir/spillway.db),
-	// "bolt:///abs/path.db", or "redis://host:port/db".
+	// "bolt:///abs/path.db", or a Redis URL (redis://, rediss://,
+	// redis-sentinel://, rediss-sentinel://; see docs/operations.md).
 	Store string `json:"store,omitempty"`
 	// Cluster names this installation; burst machines carry it as a tag.
 	Cluster string `json:"cluster,omitempty"`
@@ -48,9 +52,51 @@ type Config struct {
 	Idle      Idle        `json:"idle,omitempty"`
 	// Billing is the ledger's configuration (docs/billing.md).
 	Billing billing.Config `json:"billing,omitempty"`
+	// Burst configures the burst controller; Providers are where it
+	// rents machines (docs/bursting.md, docs/providers.md).
+	Burst     Burst      `json:"burst,omitempty"`
+	Providers []Provider `json:"providers,omitempty"`
+	// HA is the leader election of brokers sharing a Redis store.
+	HA HA `json:"ha,omitempty"`
 
 	// billing is Billing checked and compiled by Validate.
 	billing billing.Compiled
+
+	// Reports shapes the utilisation and delivery reports (reports.go).
+	Reports Reports `json:"reports,omitempty"`
+}
+
+// HA configures the leader lease that brokers sharing a Redis store hold
+// in turn. With the embedded store there is one broker and no election.
+type HA struct {
+	// BrokerID names this broker in the lease; defaults to
+	// <hostname>-<listen port>.
+	BrokerID string `json:"brokerID,omitempty"`
+	// PeerURL reaches this very broker (not a load balancer): standbys
+	// redirect writes to the leader's. Defaults to http://<listen>, with
+	// the hostname when listen is on every interface.
+	PeerURL string `json:"peerURL,omitempty"`
+	// LeaseTTL is how long the lease lasts unrenewed: a dead leader is
+	// replaced within LeaseTTL + RenewInterval.
+	LeaseTTL broker.Duration `json:"leaseTTL,omitempty"`
+	// RenewInterval is how often the leader renews and standbys try to
+	// take over; defaults to a third of LeaseTTL.
+	RenewInterval broker.Duration `json:"renewInterval,omitempty"`
+	// AgentGrace: after a takeover, or after the store comes back from an
+	// outage, no node is declared lost before this much time has passed
+	// (nor before the usual agents lost timeout).
+	AgentGrace broker.Duration `json:"agentGrace,omitempty"`
+}
+
+// IsRedis reports whether the store is Redis (and brokers elect a
+// leader).
+func (c *Config) IsRedis() bool {
+	for _, p := range []string{"redis://", "rediss://", "redis-sentinel://", "rediss-sentinel://"} {
+		if strings.HasPrefix(c.Store, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // Log configures log/slog output.
@@ -231,6 +277,10 @@ func Default() Config {
 			LostAfter:         3,
 			LogLimit:          broker.Quantity(16 << 20),
 		},
+		HA: HA{
+			LeaseTTL:   broker.Duration(10 * time.Second),
+			AgentGrace: broker.Duration(40 * time.Second),
+		},
 	}
 }
 
@@ -339,7 +389,44 @@ func (c *Config) applyDefaults() {
 	if c.Agents.LogLimit == 0 {
 		c.Agents.LogLimit = d.Agents.LogLimit
 	}
+	if c.HA.LeaseTTL == 0 {
+		c.HA.LeaseTTL = d.HA.LeaseTTL
+	}
+	if c.HA.RenewInterval == 0 {
+		c.HA.RenewInterval = c.HA.LeaseTTL / 3
+	}
+	if c.HA.AgentGrace == 0 {
+		c.HA.AgentGrace = d.HA.AgentGrace
+	}
+	if c.HA.BrokerID == "" {
+		host, err := os.Hostname()
+		if err != nil || !nameRe.MatchString(host) {
+			host = "broker"
+		}
+		port := c.Listen
+		if i := strings.LastIndex(c.Listen, ":"); i >= 0 {
+			port = c.Listen[i+1:]
+		}
+		c.HA.BrokerID = clipName(host + "-" + port)
+	}
+	if c.HA.PeerURL == "" {
+		c.HA.PeerURL = "http://" + c.Listen
+		if h, port, err := net.SplitHostPort(c.Listen); err == nil && (h == "" || h == "0.0.0.0" || h == "::") {
+			if host, err := os.Hostname(); err == nil {
+				c.HA.PeerURL = "http://" + net.JoinHostPort(host, port)
+			}
+		}
+	}
 	c.observeDefaults()
+	c.burstDefaults()
+}
+
+// clipName keeps a derived name within nameRe's 63 characters.
+func clipName(s string) string {
+	if len(s) > 63 {
+		return s[:63]
+	}
+	return s
 }
 
 var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -357,8 +444,15 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		add("dataDir", broker.CodeRequired, "is required")
 	}
-	if !(c.Store == "" || c.Store == "bolt" || strings.HasPrefix(c.Store, "bolt://") || strings.HasPrefix(c.Store, "redis://") || strings.HasPrefix(c.Store, "rediss://")) {
-		add("store", broker.CodeInvalid, "must be bolt, bolt:///path/file.db or redis://host:port/db")
+	switch {
+	case c.Store == "" || c.Store == "bolt":
+	case strings.HasPrefix(c.Store, "bolt://"):
+	case c.IsRedis():
+		if err := redisstore.CheckURL(c.Store); err != nil {
+			add("store", broker.CodeInvalid, "%v", err)
+		}
+	default:
+		add("store", broker.CodeInvalid, "must be bolt, bolt:///path/file.db, redis://host:port/db, rediss://… or redis-sentinel://host:port,…/master/db")
 	}
 	if !nameRe.MatchString(c.Cluster) {
 		add("cluster", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
@@ -456,7 +550,22 @@ func (c *Config) Validate() error {
 	if c.Agents.LogLimit < 1<<10 {
 		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
 	}
+	if !nameRe.MatchString(c.HA.BrokerID) {
+		add("ha.brokerID", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
+	}
+	if u, err := url.Parse(c.HA.PeerURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Contains(c.HA.PeerURL, "|") {
+		add("ha.peerURL", broker.CodeInvalid, "must be an http:// or https:// URL that reaches this broker")
+	}
+	if ttl := c.HA.LeaseTTL.D(); ttl < 500*time.Millisecond || ttl > 5*time.Minute {
+		add("ha.leaseTTL", broker.CodeOutOfRange, "must be between 500ms and 5m")
+	} else if r := c.HA.RenewInterval.D(); r <= 0 || r >= ttl/2 {
+		add("ha.renewInterval", broker.CodeOutOfRange, "must be above 0 and under half of ha.leaseTTL (%s)", c.HA.LeaseTTL)
+	}
+	if g := c.HA.AgentGrace.D(); g < 0 || g > time.Hour {
+		add("ha.agentGrace", broker.CodeOutOfRange, "must be between 0 and 1h")
+	}
 	c.validateObserve(add)
+	c.validateBurst(add)
 	if comp, err := c.Billing.Compile(); err != nil {
 		var joined interface{ Unwrap() []error }
 		errs := []error{err}

@@ -40,6 +40,7 @@ func (c *Config) observeDefaults() {
 	if c.Idle.Window == 0 {
 		c.Idle.Window = broker.Duration(30 * time.Minute)
 	}
+	c.reportsDefaults()
 }
 
 func (c *Config) validateObserve(add func(field, code, format string, args ...any)) {
@@ -60,6 +61,7 @@ func (c *Config) validateObserve(add func(field, code, format string, args ...an
 			add(fmt.Sprintf("idle.reclaim[%d]", i), broker.CodeInvalid, "unknown queue %q", q)
 		}
 	}
+	c.validateReports(add)
 }
 
 // ReclaimsIdle reports whether idle jobs of a queue are ended.

@@ -45,6 +45,13 @@ func (w *JobWrapper) Burst(b broker.BurstPolicy) *JobWrapper {
 	return w
 }
 
+// BoundTo makes the job wait for burst machine id (state provisioning).
+func (w *JobWrapper) BoundTo(id string) *JobWrapper {
+	w.j.State = broker.StateProvisioning
+	w.j.Machine = id
+	return w
+}
+
 // GPUMemory asks for bytes of memory per card.
 func (w *JobWrapper) GPUMemory(bytes int64) *JobWrapper {
 	w.j.Spec.Resources.GPUMemory = broker.Quantity(bytes)
@@ -132,6 +139,9 @@ func (w *NodeWrapper) Model(m string) *NodeWrapper     { w.model = m; return w }
 func (w *NodeWrapper) CardMemory(b int64) *NodeWrapper { w.mem = b; return w }
 func (w *NodeWrapper) Driver(d string) *NodeWrapper    { w.n.Inventory.DriverVersion = d; return w }
 func (w *NodeWrapper) Pool(p string) *NodeWrapper      { w.n.Pool = p; return w }
+
+// Instance makes the node the burst machine with record id id.
+func (w *NodeWrapper) Instance(id string) *NodeWrapper { w.n.Instance = id; return w }
 func (w *NodeWrapper) CPU(n float64) *NodeWrapper      { w.n.CPU = n; return w }
 func (w *NodeWrapper) State(s broker.NodeState) *NodeWrapper {
 	w.n.State = s

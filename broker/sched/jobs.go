@@ -553,12 +553,9 @@ func (c *cycle) addPending(j *broker.Job) {
 	if minMem > 0 && p.n == 1 && c.queues[q].sharing {
 		p.share = minMem
 	}
-	onprem := j.Spec.Burst == broker.BurstNever
-	if res.GPUModel == "" && minMem == 0 && !onprem {
-		p.cons = 0
-	} else {
-		p.cons = c.consOf(res.GPUModel, minMem, onprem)
-	}
+	// Work placed by the scheduler stays on owned nodes: a burst machine
+	// takes only the jobs the burst controller bound to it (placeBound).
+	p.cons = c.consOf(res.GPUModel, minMem, true)
 	c.pending = append(c.pending, p)
 }
 

@@ -270,5 +270,7 @@ func (sc *Scheduler) Schedule(s *Snapshot) Plan {
 	c.stopTimedOut()
 	c.order()
 	c.walk()
-	return c.finish()
+	plan := c.finish()
+	placeBound(s, &plan)
+	return plan
 }

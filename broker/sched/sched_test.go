@@ -76,15 +76,17 @@ func TestPlacement(t *testing.T) {
 			want: outcome{Starts: map[string]string{"a": "n1:1"},
 				Pending: map[string]string{"b": ReasonResources}},
 		},
-		"burst: never keeps a job off rented nodes": {
-			nodes: []*NodeWrapper{MakeNode("aws-1").Pool("aws"), MakeNode("n1")},
+		"a rented node takes only the jobs bound to it, whatever their burst policy": {
+			nodes: []*NodeWrapper{MakeNode("aws-1").Pool("aws").Instance("m-1"), MakeNode("n1")},
 			jobs: []*JobWrapper{
 				MakeJob("run").GPUs(8).On("n1", 0, 1, 2, 3, 4, 5, 6, 7),
 				MakeJob("home").Burst(broker.BurstNever),
 				MakeJob("any"),
+				MakeJob("bound").BoundTo("m-1"),
+				MakeJob("elsewhere").BoundTo("m-2"),
 			},
-			want: outcome{Starts: map[string]string{"any": "aws-1:0"},
-				Pending: map[string]string{"home": ReasonResources}},
+			want: outcome{Starts: map[string]string{"bound": "aws-1:0"},
+				Pending: map[string]string{"home": ReasonResources, "any": ReasonResources, "elsewhere": "machine_not_ready"}},
 		},
 		"a node's declared CPUs bound what it takes": {
 			nodes: []*NodeWrapper{MakeNode("n1").CPU(16), MakeNode("n2").CPU(64)},

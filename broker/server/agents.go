@@ -60,6 +60,9 @@ func (s *Server) register(c echo.Context) error {
 	ctx := c.Request().Context()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.checkLeaderLocked(); err != nil {
+		return err
+	}
 	now := s.clock.Now()
 	n := &broker.Node{Name: req.Node, Pool: "onprem"}
 	if old, ok := s.nodes[req.Node]; ok {
@@ -69,10 +72,15 @@ func (s *Server) register(c echo.Context) error {
 	}
 	n.Generation++
 	n.Labels = req.Labels
-	if pool := req.Labels["pool"]; pool != "" {
-		n.Pool = pool
+	// Only a machine's own token makes a node a burst machine; an agent
+	// token from the config always registers an owned node.
+	n.Pool, n.Instance = "onprem", ""
+	if p.Node != "" {
+		n.Instance = p.Node
+		if r, ok := s.burst.instances[p.Node]; ok {
+			n.Pool = r.Provider
+		}
 	}
-	n.Instance = req.Labels["instance"]
 	n.Inventory = req.Inventory
 	n.CPU, n.Memory = req.CPU, req.Memory
 	n.Unhealthy = req.Unhealthy
@@ -109,6 +117,10 @@ func (s *Server) sync(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	s.mu.Lock()
+	if err := s.checkLeaderLocked(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
 	resp, err := s.recordSyncLocked(ctx, &req)
 	if err != nil {
 		s.mu.Unlock()
@@ -125,6 +137,10 @@ func (s *Server) sync(c echo.Context) error {
 		}
 		timer.Stop()
 		s.mu.Lock()
+		if err := s.checkLeaderLocked(); err != nil {
+			s.mu.Unlock()
+			return err // orders never come from a broker that stopped leading
+		}
 		resp.Start, resp.Stop = s.ordersLocked(req.Node, reportedSet(&req))
 	}
 	s.mu.Unlock()
@@ -335,6 +351,7 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 	if j.LastCheckpointAt != nil {
 		env["SPILLWAY_RESUME"] = "1"
 	}
+	s.addJobEnv(j, env)
 	a := agentapi.Assignment{
 		JobRef:      agentapi.JobRef{Job: j.ID, Attempt: j.Attempt},
 		Name:        j.Spec.Name,

@@ -2,10 +2,14 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
@@ -44,13 +48,24 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-func (s *Server) lookupToken(_ context.Context, secret string) (Principal, bool) {
+func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, bool) {
 	for _, t := range s.cfg.Auth.Tokens {
 		if t.Matches(secret) {
 			return Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
 		}
 	}
-	return Principal{}, false
+	// A burst machine's own token: valid while its record is live.
+	sum := sha256.Sum256([]byte(secret))
+	var rec *broker.InstanceRecord
+	err := s.store.View(ctx, func(tx broker.Tx) error {
+		var err error
+		rec, err = broker.InstanceByToken(tx, hex.EncodeToString(sum[:]))
+		return err
+	})
+	if err != nil || rec == nil || burst.MachineState(rec.State).Ended() || rec.State == string(burst.Terminating) {
+		return Principal{}, false
+	}
+	return Principal{Name: "machine " + rec.ID, Role: config.RoleAgent, Node: rec.ID}, true
 }
 
 // allow answers 403 unless the caller has one of roles.

@@ -94,15 +94,12 @@ func (s *Server) allocRecord(j *broker.Job, p broker.Placement, now time.Time) b
 			model = gpu.ShortModel(n.Inventory.Devices[0].Model)
 			cardMem = n.Inventory.Devices[0].MemoryBytes
 		}
-		if n.Instance != "" {
-			pool.Kind = billing.PoolCloud
-			if n.Labels["provider"] == "sshpool" || n.Labels["provider"] == "lease" {
-				pool.Kind = billing.PoolLease
-			}
-			pool.InstanceID = n.Instance
-			pool.Provider = n.Labels["provider"]
-			pool.Region = n.Labels["region"]
-			pool.InstanceType = n.Labels["instanceType"]
+		if r, ok := s.burst.instances[n.Instance]; ok && n.Instance != "" {
+			pool.Kind = s.poolKind(r)
+			pool.InstanceID = r.ID
+			pool.Provider = r.Provider
+			pool.Region = r.Offer.Region
+			pool.InstanceType = r.Offer.InstanceType
 		}
 	}
 	per := int64(1000)
@@ -121,7 +118,7 @@ func (s *Server) allocRecord(j *broker.Job, p broker.Placement, now time.Time) b
 // meterLocked runs one metering cycle over the allocation records and
 // drops the records the ledger has finished.
 func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
-	ledger := broker.Ledger{Store: s.store}
+	ledger := broker.Ledger{Store: s.store, Budgets: s.billingZone()}
 	var recs []broker.AllocRecord
 	if err := s.store.View(ctx, func(tx broker.Tx) error {
 		var err error
@@ -130,12 +127,13 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 	}); err != nil {
 		return err
 	}
-	if len(recs) == 0 {
-		return nil
-	}
 	cursor, err := ledger.Watermark(ctx, billing.MeterMark)
 	if err != nil {
 		return err
+	}
+	machines := s.meterMachinesLocked(cursor)
+	if len(recs) == 0 && len(machines) == 0 {
+		return nil
 	}
 	util, err := s.utilSamplesLocked(ctx, cursor, now)
 	if err != nil {
@@ -148,7 +146,7 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 		allocs = append(allocs, a)
 	}
 	comp := s.cfg.BillingCompiled()
-	res, err := billing.MeterCycle(ctx, ledger, ledger, comp.Meter, allocs, nil, ms(now))
+	res, err := billing.MeterCycle(ctx, ledger, ledger, comp.Meter, allocs, machines, ms(now))
 	for _, p := range res.Problems {
 		if !s.meter.reported[p.Error()] {
 			s.meter.reported[p.Error()] = true

@@ -41,6 +41,12 @@ type harness struct {
 	clock *clock.Fake
 	store broker.Store
 	path  string
+	// opts are passed to every New (providers, bootstrap).
+	opts Options
+	// ctx is cancelled by restart: the burst workers of the old server
+	// stop, as on a crash.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 func testConfig(t *testing.T) *config.Config {
@@ -72,6 +78,7 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, clock: clock.NewFake(t0), path: filepath.Join(cfg.DataDir, "spillway.db")}
 	h.open(cfg)
 	t.Cleanup(func() {
+		h.cancel()
 		h.http.Close()
 		h.store.Close()
 	})
@@ -83,7 +90,10 @@ func (h *harness) open(cfg *config.Config) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	srv, err := New(context.Background(), cfg, st, Options{Clock: h.clock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	opts := h.opts
+	opts.Clock, opts.Logger = h.clock, slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := New(h.ctx, cfg, st, opts)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -93,6 +103,7 @@ func (h *harness) open(cfg *config.Config) {
 
 // restart simulates a broker crash and start on the same store.
 func (h *harness) restart() {
+	h.cancel()
 	h.http.Close()
 	h.store.Close()
 	h.open(h.srv.cfg)
@@ -163,6 +174,10 @@ type fakeAgent struct {
 	// util, when set, is sent as every card's compute utilisation.
 	util *int
 	gpus int
+	// token is the agent's token (tokAgent when empty).
+	token string
+	// stale, when set, says whether this agent has been replaced.
+	stale func() bool
 }
 
 func simInventory(name string, n int) gpu.Inventory {
@@ -209,7 +224,16 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 		req.Jobs = append(req.Jobs, *r)
 	}
 	var resp agentapi.SyncResponse
-	if code := a.h.do("POST", agentapi.PathSync, tokAgent, req, &resp); code != http.StatusOK {
+	tok := tokAgent
+	if a.token != "" {
+		tok = a.token
+	}
+	if code := a.h.do("POST", agentapi.PathSync, tok, req, &resp); code != http.StatusOK {
+		if a.replaced() {
+			// A burst machine whose bootstrap ran again (after a broker
+			// restart) has a new agent with a new token; this one is gone.
+			return resp
+		}
 		a.h.t.Fatalf("sync %s: %d", a.name, code)
 	}
 	for _, ref := range resp.Ack {
@@ -221,6 +245,9 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 	a.last = resp
 	return resp
 }
+
+// replaced reports whether a newer agent took over this burst machine.
+func (a *fakeAgent) replaced() bool { return a.stale != nil && a.stale() }
 
 func (a *fakeAgent) exit(id string, code int, signal string) {
 	for ref, r := range a.jobs {

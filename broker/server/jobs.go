@@ -108,12 +108,22 @@ func (s *Server) loadVisibleJob(c echo.Context) (*broker.Job, error) {
 // overlayReason puts the latest pending reason (with queue position) on a
 // job read from the store.
 func (s *Server) overlayReason(j *broker.Job) {
-	if j.State != broker.StatePending {
+	if j.State != broker.StatePending && j.State != broker.StateProvisioning {
 		return
 	}
 	s.mu.Lock()
 	r, ok := s.reasons[j.ID]
+	br, bok := s.burst.reasons[j.ID]
 	s.mu.Unlock()
+	if bok {
+		// The burst controller's word first (why it does not rent, or how
+		// far the machine is), then the scheduler's with the position.
+		if ok && r.Message != "" {
+			br.Message += "; " + r.Message
+			br.Position, br.EstimatedStart = r.Position, r.EstimatedStart
+		}
+		r, ok = br, true
+	}
 	if ok {
 		j.Pending = &r
 	}

@@ -16,6 +16,11 @@ type metrics struct {
 	cycleSeconds prometheus.Histogram
 	idle         *prometheus.CounterVec
 	exports      *prometheus.CounterVec
+	burstLead    *prometheus.HistogramVec
+	budgetUsed   *prometheus.GaugeVec
+	budgetAlerts *prometheus.CounterVec
+	// delivery are the delivery series and gauges (delivery.go).
+	delivery *deliveryMetrics
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
@@ -44,9 +49,20 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 	m.exports = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spillway_billing_export_runs_total", Help: "Scheduled billing export runs, by export and outcome (ok, failed, waiting).",
 	}, []string{"export", "state"})
-	reg.MustRegister(m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
+	m.burstLead = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "spillway_burst_lead_time_seconds", Help: "Time from a burst decision to the machine's agent registered, by provider.",
+		Buckets: []float64{10, 30, 60, 120, 180, 300, 600, 900, 1500, 3600},
+	}, []string{"provider"})
+	m.budgetUsed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_burst_budget_used_ratio", Help: "Committed (spent + reserved) burst money over the month's budget, by scope.",
+	}, []string{"scope"})
+	m.budgetAlerts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spillway_burst_budget_alerts_total", Help: "Budget alerts raised, by scope and level (80, 100).",
+	}, []string{"scope", "level"})
+	reg.MustRegister(m.budgetUsed, m.budgetAlerts, m.burstLead, m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s})
+	m.delivery = newDeliveryMetrics(reg, s)
 	return m
 }
 
@@ -59,6 +75,7 @@ func (m *metrics) observeTransition(old, j *broker.Job) {
 	for _, t := range j.History[min(from, len(j.History)):] {
 		m.transitions.WithLabelValues(string(t.To)).Inc()
 	}
+	m.delivery.observe(old, j)
 }
 
 // stateCollector reports gauges read from the broker's memory at scrape

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"net/http"
 	"strconv"
 	"time"
 
@@ -22,6 +21,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	e.HTTPErrorHandler = errorHandler(s.log)
 	e.Use(middleware.Recover())
 	e.Use(s.observe)
+	e.Use(s.leaderGate)
 
 	e.GET("/healthz", s.healthz)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
@@ -36,9 +36,18 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.POST("/jobs/:id/cancel", s.cancel, people)
 	v1.GET("/jobs/:id/logs", s.logs, people)
 
+	v1.GET("/queues", s.listQueues, people)
 	v1.GET("/nodes", s.listNodes, people)
 	v1.GET("/nodes/:name", s.getNode, people)
 	v1.GET("/telemetry", s.getTelemetry, people)
+
+	ops := allow(config.RoleOperator)
+	v1.GET("/instances", s.listInstances, people)
+	v1.GET("/instances/:id", s.getInstance, people)
+	v1.GET("/burst/plan", s.burstPlan, ops)
+	v1.GET("/budgets", s.listBudgets, allow(config.RoleUser, config.RoleOperator, config.RoleFinance))
+	v1.PUT("/budgets/:scope", s.setBudget, ops)
+	v1.GET("/audit", s.listAudit, allow(config.RoleOperator, config.RoleFinance))
 
 	billingRoles := allow(config.RoleUser, config.RoleOperator, config.RoleFinance)
 	v1.GET("/billing/usage", s.usage, billingRoles)
@@ -47,6 +56,8 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	agents := allow(config.RoleAgent)
 	v1.POST(agentapi.PathRegister[len("/v1"):], s.register, agents)
 	v1.POST(agentapi.PathSync[len("/v1"):], s.sync, agents)
+
+	s.observeRoutes(e, v1)
 
 	e.RouteNotFound("/*", func(c echo.Context) error { return errNotFound })
 	return e
@@ -75,9 +86,12 @@ type Health struct {
 	Status  string `json:"status"` // ok | unhealthy
 	Version string `json:"version"`
 	Leader  bool   `json:"leader"`
-	Error   string `json:"error,omitempty"`
+	// LeaderURL is where the leader is, when brokers elect one.
+	LeaderURL string `json:"leaderURL,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 func (s *Server) healthz(c echo.Context) error {
-	return c.JSON(http.StatusOK, Health{Status: "ok", Version: Version, Leader: true})
+	h, status := s.health(c.Request().Context())
+	return c.JSON(status, h)
 }

@@ -22,7 +22,12 @@ import (
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/providers"
 )
+
+// reasonPersistEvery bounds how often a job's changing pending reason is
+// written to the store.
+const reasonPersistEvery = 30 * time.Second
 
 // Version is reported by /healthz and to agents; set at build time.
 var Version = "dev"
@@ -33,6 +38,14 @@ type Options struct {
 	Clock    clock.Clock
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// Elector, when set, is the leader election among brokers sharing the
+	// store: the broker stands by until it wins a lease (leader.go).
+	// Without one the broker always leads.
+	Elector broker.Elector
+	// Providers are added to the configured ones (tests use fakes).
+	Providers []providers.Provider
+	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
+	Bootstrap BootstrapFunc
 }
 
 // Server is one broker process.
@@ -59,6 +72,8 @@ type Server struct {
 	// reasons is the latest pending reason of each pending job; only the
 	// code is persisted, the full text lives here.
 	reasons map[string]broker.PendingReason
+	// reasonSaved is when each job's reason was last written.
+	reasonSaved map[string]time.Time
 	// telemetry is the latest GPU sample of each node, owners its
 	// processes' jobs.
 	telemetry map[string]*gpu.Sample
@@ -67,13 +82,18 @@ type Server struct {
 	// quiet[j] is when job j's cards last dropped under the idle threshold.
 	quiet map[string]time.Time
 	meter meterState
+	burst burstState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
 	schedWake chan struct{}
+	// ha is the leader election, nil when this broker always leads.
+	ha *haState
 	// scheduling is the scheduler core and fair-share ledger
 	// (schedule_apply.go).
 	scheduling scheduling
+	// observability is the observability bookkeeping (delivery.go).
+	observability observeState
 }
 
 // New builds a broker over an open store and loads its state.
@@ -88,25 +108,31 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		opt.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		cfg:       cfg,
-		store:     store,
-		clock:     opt.Clock,
-		log:       opt.Logger,
-		ids:       newIDSource(),
-		jobs:      map[string]*broker.Job{},
-		nodes:     map[string]*broker.Node{},
-		byNode:    map[string]map[string]bool{},
-		reasons:   map[string]broker.PendingReason{},
-		telemetry: map[string]*gpu.Sample{},
-		owners:    map[string]map[int]string{},
-		tele:      telemetryState{open: map[gpuKey]*accum{}},
-		quiet:     map[string]time.Time{},
-		meter:     meterState{reported: map[string]bool{}},
-		nodeWake:  map[string]chan struct{}{},
-		schedWake: make(chan struct{}, 1),
+		cfg:         cfg,
+		store:       store,
+		clock:       opt.Clock,
+		log:         opt.Logger,
+		ids:         newIDSource(),
+		jobs:        map[string]*broker.Job{},
+		nodes:       map[string]*broker.Node{},
+		byNode:      map[string]map[string]bool{},
+		reasons:     map[string]broker.PendingReason{},
+		reasonSaved: map[string]time.Time{},
+		telemetry:   map[string]*gpu.Sample{},
+		owners:      map[string]map[int]string{},
+		tele:        telemetryState{open: map[gpuKey]*accum{}},
+		quiet:       map[string]time.Time{},
+		meter:       meterState{reported: map[string]bool{}},
+		nodeWake:    map[string]chan struct{}{},
+		schedWake:   make(chan struct{}, 1),
 	}
 	s.metrics = newMetrics(opt.Registry, s)
-	if err := s.load(ctx); err != nil {
+	if opt.Elector != nil {
+		s.initHA(opt.Elector) // state loads when a lease is won
+	} else if err := s.load(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.initBurst(ctx, opt); err != nil {
 		return nil, err
 	}
 	s.echo = s.routes(opt.Registry)
@@ -156,12 +182,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
-		s.loop(ctx)
-	}()
-	exportsDone := make(chan struct{})
-	go func() {
-		defer close(exportsDone)
-		s.runExports(ctx)
+		s.lead(ctx) // the scheduling loop, burst controller and other leader tasks
 	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -175,7 +196,6 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(shutdown)
 	<-loopDone
-	<-exportsDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}

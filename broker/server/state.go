@@ -57,6 +57,9 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 			if err := s.allocChangesLocked(tx, s.jobs[j.ID], j, now); err != nil {
 				return err
 			}
+			if err := s.keepAllocHistoryLocked(tx, s.jobs[j.ID], j, now); err != nil {
+				return err
+			}
 		}
 		for _, n := range nodes {
 			if err := broker.PutNode(tx, n); err != nil {
@@ -97,6 +100,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		if j.State.Terminal() {
 			delete(s.jobs, j.ID)
 			delete(s.reasons, j.ID)
+			delete(s.reasonSaved, j.ID)
 		} else {
 			s.jobs[j.ID] = j
 		}
@@ -137,6 +141,9 @@ func (s *Server) holdingOnLocked(node string) []*broker.Job {
 func (s *Server) Cycle(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.mayDecideLocked() {
+		return nil // a standby, or the store is unreachable (leader.go)
+	}
 	now := s.clock.Now()
 	if err := s.checkNodesLocked(ctx, now); err != nil {
 		return err
@@ -192,7 +199,7 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 	wake := map[string]bool{}
 	for _, st := range plan.Starts {
 		old, ok := s.jobs[st.Job]
-		if !ok || old.State != broker.StatePending {
+		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue // the plan is stale for this job; the next cycle decides again
 		}
 		j := cloneJob(old)
@@ -222,16 +229,19 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		id, r := pe.Job, pe.Reason
 		s.reasons[id] = r
 		old, ok := s.jobs[id]
-		if !ok || old.State != broker.StatePending {
+		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue
 		}
-		// Persist the reason when its kind changes; the full sentence with
-		// the queue position is served from memory.
-		if old.Pending == nil || old.Pending.Code != r.Code {
+		// The full sentence with the queue position is served from memory.
+		// The store gets the reason's kind when it changes, at most every
+		// reasonPersistEvery per job, so codes that flip between cycles do
+		// not turn into a write storm; a standby still shows a recent one.
+		if old.Pending == nil || (old.Pending.Code != r.Code && now.Sub(s.reasonSaved[id]) >= reasonPersistEvery) {
 			j := cloneJob(old)
 			rc := r
 			j.Pending = &rc
 			changed = append(changed, j)
+			s.reasonSaved[id] = now
 		}
 	}
 	ledger := s.scheduling.ledger

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,10 @@ type Harness struct {
 	// Open returns an empty store and a function that closes it and opens
 	// the same data again (a broker restart).
 	Open func(t *testing.T) (s broker.Store, reopen func() broker.Store)
+	// AdvanceFence, for a store that implements broker.Fenced, moves the
+	// cluster's fence counter on as a newly elected leader would and
+	// returns the new value. The fencing tests run only when it is set.
+	AdvanceFence func(t *testing.T, s broker.Store) uint64
 }
 
 // Run runs the whole suite.
@@ -42,9 +47,26 @@ func Run(t *testing.T, h Harness) {
 		{"job listing filters and pages", testListJobs},
 		{"logs append once", testLogs},
 		{"nodes round trip", testNodes},
+		{"update sees its own writes in scans", testOwnWritesInScan},
+		{"long scans cross pages", testLongScan},
+		{"buckets are listed", testBucketLister},
 		{"budget reservations never overspend", testBudgetRace},
 	}
 	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
+	}
+	if h.AdvanceFence == nil {
+		return
+	}
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T, Harness)
+	}{
+		{"fence: unset writes unchecked", testFenceUnset},
+		{"fence: older token is refused", testFenceOlderToken},
+		{"fence: token 0 is refused once a leader existed", testFenceZero},
+		{"fence: advance during a transaction", testFenceDuringTx},
+	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
 	}
 }
@@ -282,6 +304,43 @@ func testBatch(t *testing.T, h Harness) {
 	if got := len(keys(t, s, broker.BucketJobs, "", "", false, 0)); got != n {
 		t.Fatalf("%d keys after %d batches", got, n)
 	}
+	// Members that fail among members that succeed, concurrently: each
+	// failure leaves nothing, each success lands.
+	errs = make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			err := s.Batch(ctx, func(tx broker.Tx) error {
+				if err := tx.Put(broker.BucketNodes, fmt.Sprintf("mixed-%04d", i), []byte("x")); err != nil {
+					return err
+				}
+				if i%2 == 1 {
+					return fmt.Errorf("member %d: %w", i, broker.ErrConflict)
+				}
+				return nil
+			})
+			if (err != nil) != (i%2 == 1) {
+				errs <- fmt.Errorf("member %d: Batch returned %v", i, err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	mixed := keys(t, s, broker.BucketNodes, "mixed-", broker.PrefixEnd("mixed-"), false, 0)
+	if len(mixed) != n/2 {
+		t.Fatalf("%d keys after %d succeeding members", len(mixed), n/2)
+	}
+	for _, k := range mixed {
+		var i int
+		fmt.Sscanf(k, "mixed-%d", &i)
+		if i%2 == 1 {
+			t.Fatalf("failed member %s was written", k)
+		}
+	}
 	// A failing batch member writes nothing of its own.
 	boom := errors.New("boom")
 	err := s.Batch(ctx, func(tx broker.Tx) error {
@@ -475,5 +534,233 @@ func testNodes(t *testing.T, h Harness) {
 	}))
 	if d := cmp.Diff([]*broker.Node{n}, got); d != "" {
 		t.Fatalf("nodes (-want +got):\n%s", d)
+	}
+}
+
+func testOwnWritesInScan(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	put(t, s, broker.BucketMeta, "a", "1", "c", "3", "e", "5")
+	var fwd, rev []string
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		if err := tx.Put(broker.BucketMeta, "b", []byte("2")); err != nil {
+			return err
+		}
+		if err := tx.Put(broker.BucketMeta, "c", []byte("33")); err != nil {
+			return err
+		}
+		if err := tx.Delete(broker.BucketMeta, "e"); err != nil {
+			return err
+		}
+		if err := tx.Put(broker.BucketMeta, "f", []byte("6")); err != nil {
+			return err
+		}
+		collect := func(out *[]string) func(string, []byte) error {
+			return func(k string, v []byte) error {
+				*out = append(*out, k+"="+string(v))
+				return nil
+			}
+		}
+		if err := tx.Scan(broker.BucketMeta, "", "", collect(&fwd)); err != nil {
+			return err
+		}
+		return tx.ScanReverse(broker.BucketMeta, "b", "f", collect(&rev))
+	}))
+	if d := cmp.Diff([]string{"a=1", "b=2", "c=33", "f=6"}, fwd); d != "" {
+		t.Errorf("scan inside the update (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"c=33", "b=2"}, rev); d != "" {
+		t.Errorf("bounded reverse scan inside the update (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"a", "b", "c", "f"}, keys(t, s, broker.BucketMeta, "", "", false, 0)); d != "" {
+		t.Errorf("after commit (-want +got):\n%s", d)
+	}
+}
+
+func testLongScan(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	const n = 2500
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := 0; i < n; i++ {
+			if err := tx.Put(broker.BucketAudit, fmt.Sprintf("k%05d", i), []byte(strconv.Itoa(i))); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	all := keys(t, s, broker.BucketAudit, "", "", false, 0)
+	if len(all) != n || all[0] != "k00000" || all[n-1] != fmt.Sprintf("k%05d", n-1) {
+		t.Fatalf("full scan: %d keys, first %q", len(all), all[0])
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i-1] >= all[i] {
+			t.Fatalf("out of order at %d: %q then %q", i, all[i-1], all[i])
+		}
+	}
+	rev := keys(t, s, broker.BucketAudit, "k00100", "k02100", true, 0)
+	if len(rev) != 2000 || rev[0] != "k02099" || rev[1999] != "k00100" {
+		t.Fatalf("bounded reverse scan: %d keys, %q … %q", len(rev), rev[0], rev[len(rev)-1])
+	}
+	// Buffered writes merge into a scan that crosses pages: delete every
+	// third key, put one between every pair, and compare with a model.
+	var want, got []string
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		want, got = nil, nil
+		for i := 0; i < n; i++ {
+			k := fmt.Sprintf("k%05d", i)
+			if i%3 == 0 {
+				if err := tx.Delete(broker.BucketAudit, k); err != nil {
+					return err
+				}
+			} else {
+				want = append(want, k)
+			}
+			if i%7 == 0 {
+				if err := tx.Put(broker.BucketAudit, k+"+", []byte("new")); err != nil {
+					return err
+				}
+				want = append(want, k+"+")
+			}
+		}
+		return tx.Scan(broker.BucketAudit, "", "", func(k string, _ []byte) error {
+			got = append(got, k)
+			return nil
+		})
+	}))
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("scan merged with buffered writes (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(want, keys(t, s, broker.BucketAudit, "", "", false, 0)); d != "" {
+		t.Fatalf("after commit (-want +got):\n%s", d)
+	}
+	// Values travel with their keys across pages.
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		return tx.Scan(broker.BucketAudit, "", "", func(k string, v []byte) error {
+			if strings.HasSuffix(k, "+") {
+				return nil
+			}
+			if want := strings.TrimLeft(k[1:], "0"); want != string(v) && !(want == "" && string(v) == "0") {
+				return fmt.Errorf("key %s has value %q", k, v)
+			}
+			return nil
+		})
+	}))
+}
+
+func fenced(t *testing.T, s broker.Store) broker.Fenced {
+	t.Helper()
+	f, ok := s.(broker.Fenced)
+	if !ok {
+		t.Fatalf("%T has AdvanceFence in its harness but does not implement broker.Fenced", s)
+	}
+	return f
+}
+
+func testFenceUnset(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	h.AdvanceFence(t, s)
+	h.AdvanceFence(t, s)
+	put(t, s, broker.BucketMeta, "k", "v")
+	if v, _ := get(t, s, broker.BucketMeta, "k"); v != "v" {
+		t.Fatalf("unfenced write lost: %q", v)
+	}
+}
+
+func testFenceOlderToken(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	f := fenced(t, s)
+	tok := h.AdvanceFence(t, s)
+	f.SetFence(tok)
+	put(t, s, broker.BucketMeta, "k", "leader1")
+	if cur, err := f.Fence(ctx); err != nil || cur != tok {
+		t.Fatalf("Fence() = %d, %v; want %d", cur, err, tok)
+	}
+	newer := h.AdvanceFence(t, s)
+	if newer <= tok {
+		t.Fatalf("AdvanceFence went from %d to %d", tok, newer)
+	}
+	err := s.Update(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, "k", []byte("stale")) })
+	if !errors.Is(err, broker.ErrFenced) {
+		t.Fatalf("Update with an old token = %v, want ErrFenced", err)
+	}
+	err = s.Batch(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, "b", []byte("stale")) })
+	if !errors.Is(err, broker.ErrFenced) {
+		t.Fatalf("Batch with an old token = %v, want ErrFenced", err)
+	}
+	if v, err := get(t, s, broker.BucketMeta, "k"); err != nil || v != "leader1" {
+		t.Fatalf("fenced write landed or reads broke: %q, %v", v, err)
+	}
+	if _, err := get(t, s, broker.BucketMeta, "b"); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("fenced batch landed: %v", err)
+	}
+	// Reads inside Update are not writes: a fenced broker may still read.
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		_, err := tx.Get(broker.BucketMeta, "k")
+		return err
+	}))
+	f.SetFence(newer)
+	put(t, s, broker.BucketMeta, "k", "leader2")
+	if v, _ := get(t, s, broker.BucketMeta, "k"); v != "leader2" {
+		t.Fatalf("write with the current token: %q", v)
+	}
+}
+
+func testFenceZero(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	h.AdvanceFence(t, s)
+	fenced(t, s).SetFence(0)
+	err := s.Update(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, "k", []byte("x")) })
+	if !errors.Is(err, broker.ErrFenced) {
+		t.Fatalf("token 0 after a leader = %v, want ErrFenced", err)
+	}
+}
+
+// testFenceDuringTx: a new leader wins while the old one is between its
+// reads and its commit (the paused-leader case): the commit is refused,
+// whether the transaction read anything or wrote blind.
+func testFenceDuringTx(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	f := fenced(t, s)
+	f.SetFence(h.AdvanceFence(t, s))
+	put(t, s, broker.BucketMeta, "n", "1")
+	for _, read := range []bool{true, false} {
+		var once sync.Once
+		err := s.Update(ctx, func(tx broker.Tx) error {
+			if read {
+				if _, err := tx.Get(broker.BucketMeta, "n"); err != nil {
+					return err
+				}
+			}
+			if err := tx.Put(broker.BucketMeta, "n", []byte("2")); err != nil {
+				return err
+			}
+			once.Do(func() { h.AdvanceFence(t, s) })
+			return nil
+		})
+		if !errors.Is(err, broker.ErrFenced) {
+			t.Fatalf("read=%v: commit after a new leader = %v, want ErrFenced", read, err)
+		}
+		if v, _ := get(t, s, broker.BucketMeta, "n"); v != "1" {
+			t.Fatalf("read=%v: fenced commit landed: n = %q", read, v)
+		}
+		cur, err := f.Fence(ctx)
+		must(t, err)
+		f.SetFence(cur)
+	}
+}
+
+func testBucketLister(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	bl, ok := s.(broker.BucketLister)
+	if !ok {
+		t.Skipf("%T does not list its buckets", s)
+	}
+	put(t, s, broker.BucketMeta, "k", "v")
+	put(t, s, broker.BucketNodes, "n", "v")
+	put(t, s, broker.BucketAudit, "a", "v")
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return tx.Delete(broker.BucketAudit, "a") }))
+	got, err := bl.Buckets(ctx)
+	must(t, err)
+	if d := cmp.Diff([]broker.Bucket{broker.BucketMeta, broker.BucketNodes}, got); d != "" {
+		t.Fatalf("buckets (-want +got):\n%s", d)
 	}
 }

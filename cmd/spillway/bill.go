@@ -23,22 +23,8 @@ func billCmd(g *globals) *cobra.Command {
 		Short: "GPU-hours, effective GPU-hours and cost, grouped (--by team,pool --month 2026-11)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := g.checkOutput(); err != nil {
-				return err
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			rep, err := c.Usage(cmd.Context(), q)
-			if err != nil {
-				return err
-			}
-			if g.json() {
-				return g.printJSON(rep)
-			}
-			printReport(g, rep)
-			return nil
+			return show(g, cmd, func(c *client.Client) (*billing.Report, error) { return c.Usage(cmd.Context(), q) },
+				func(rep *billing.Report) error { printReport(g, rep); return nil })
 		},
 	}
 	addPeriodFlags(usage, &q)

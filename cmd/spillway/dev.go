@@ -214,6 +214,8 @@ func printBanner(g *globals, url, token string, agents int, gpus, cliNote string
 	fmt.Fprintf(w, "\nTry, in another terminal:\n\n")
 	fmt.Fprintf(w, "  ./bin/spillway run --gpus 1 --time 5m --wait -- sh -c 'echo $CUDA_VISIBLE_DEVICES'\n")
 	fmt.Fprintf(w, "  ./bin/spillway jobs\n")
-	fmt.Fprintf(w, "  ./bin/spillway nodes\n\n")
+	fmt.Fprintf(w, "  ./bin/spillway nodes\n")
+	fmt.Fprintf(w, "  ./bin/spillway explain JOB\n\n")
+	fmt.Fprintf(w, "Dashboard: %s/ui/ (paste the user token)\n", url)
 	fmt.Fprintf(w, "Ctrl-C stops the broker and the agents.\n\n")
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spillway-dev/spillway/broker/client"
+	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func nodesCmd(g *globals) *cobra.Command {
@@ -14,38 +16,27 @@ func nodesCmd(g *globals) *cobra.Command {
 		Short: "List nodes: GPUs free and held, state, last heartbeat, unhealthy cards",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := g.checkOutput(); err != nil {
-				return err
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			nodes, err := c.Nodes(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if g.json() {
-				return g.printJSON(nodes)
-			}
-			now := time.Now()
-			w := g.table()
-			fmt.Fprintln(w, "NODE\tPOOL\tSTATE\tGPUS\tFREE\tMODEL\tDRIVER\tLAST SEEN\tNOTES")
-			for _, n := range nodes {
-				model := ""
-				if len(n.Inventory.Devices) > 0 {
-					model = shortGPU(n.Inventory.Devices[0].Model)
-				}
-				var notes []string
-				for _, cv := range n.Cards {
-					if cv.Unhealthy != "" {
-						notes = append(notes, fmt.Sprintf("GPU %d unhealthy: %s", cv.Index, cv.Unhealthy))
+			return show(g, cmd, func(c *client.Client) ([]server.NodeView, error) { return c.Nodes(cmd.Context()) },
+				func(nodes []server.NodeView) error {
+					now := time.Now()
+					w := g.table()
+					fmt.Fprintln(w, "NODE\tPOOL\tSTATE\tGPUS\tFREE\tMODEL\tDRIVER\tLAST SEEN\tNOTES")
+					for _, n := range nodes {
+						model := ""
+						if len(n.Inventory.Devices) > 0 {
+							model = shortGPU(n.Inventory.Devices[0].Model)
+						}
+						var notes []string
+						for _, cv := range n.Cards {
+							if cv.Unhealthy != "" {
+								notes = append(notes, fmt.Sprintf("GPU %d unhealthy: %s", cv.Index, cv.Unhealthy))
+							}
+						}
+						fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", n.Name, n.Pool, n.State, len(n.Cards), n.FreeGPUs,
+							model, dash(n.Inventory.DriverVersion), ago(now, n.LastSeen), strings.Join(notes, "; "))
 					}
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", n.Name, n.Pool, n.State, len(n.Cards), n.FreeGPUs,
-					model, dash(n.Inventory.DriverVersion), ago(now, n.LastSeen), strings.Join(notes, "; "))
-			}
-			return w.Flush()
+					return w.Flush()
+				})
 		},
 	}
 }

@@ -45,6 +45,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
+	root.AddCommand(explainCmd(g), reportCmd(g), unitsCmd(g), backupCmd(g))
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.server, "server", "", "broker URL (env SPILLWAY_SERVER, or server: in ~/.config/spillway/config)")
 	pf.StringVar(&g.token, "token", "", "API token (env SPILLWAY_TOKEN, or token: in ~/.config/spillway/config)")
@@ -52,8 +53,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 
 	root.AddCommand(
 		serverCmd(g), agentCmd(g), devCmd(g),
-		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), topCmd(g), billCmd(g), simCmd(g),
-		versionCmd(g),
+		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), queueCmd(g), topCmd(g), billCmd(g), instancesCmd(g), burstCmd(g), budgetCmd(g), simCmd(g),
+		versionCmd(g), storeCmd(g),
 	)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -160,4 +161,24 @@ func ago(now, t time.Time) string {
 func shortGPU(model string) string {
 	model = strings.TrimPrefix(model, "NVIDIA ")
 	return model
+}
+
+// show is the shape of every read-only verb: check -o, reach the broker,
+// fetch, then print JSON for scripts or the table for people.
+func show[T any](g *globals, cmd *cobra.Command, fetch func(*client.Client) (T, error), table func(T) error) error {
+	if err := g.checkOutput(); err != nil {
+		return err
+	}
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	v, err := fetch(c)
+	if err != nil {
+		return err
+	}
+	if g.json() {
+		return g.printJSON(v)
+	}
+	return table(v)
 }

@@ -13,11 +13,12 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/redis"
 	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func serverCmd(g *globals) *cobra.Command {
-	var cfgPath, listen string
+	var cfgPath, listen, store string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the broker",
@@ -37,12 +38,19 @@ is an annotated example.`,
 			if listen != "" {
 				cfg.Listen = listen
 			}
+			if store != "" {
+				cfg.Store = store
+				if err := cfg.Validate(); err != nil {
+					return fmt.Errorf("--store: %w", err)
+				}
+			}
 			log := newLogger(g.stderr, cfg.Log)
 			return runBroker(cmd.Context(), cfg, log, nil)
 		},
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", "", "broker config file (YAML)")
 	cmd.Flags().StringVar(&listen, "listen", "", "override the config's listen address")
+	cmd.Flags().StringVar(&store, "store", "", "override the config's store: bolt:///path/spillway.db or redis://host:port/db (docs/operations.md)")
 	return cmd
 }
 
@@ -64,22 +72,32 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 }
 
 // openStore opens the store the config selects.
-func openStore(cfg *config.Config) (broker.Store, error) {
+func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (broker.Store, error) {
 	if p := cfg.StorePath(); p != "" {
 		return bolt.Open(p)
 	}
-	return nil, fmt.Errorf("store %q: only the embedded bolt store is available in this build", cfg.Store)
+	return redis.Open(ctx, cfg.Store, redis.Options{Logger: log})
 }
 
 // runBroker opens the store, listens and serves until ctx ends. ready, if
 // not nil, receives the bound address once the broker accepts requests.
 func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready chan<- string) error {
-	st, err := openStore(cfg)
+	st, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	srv, err := server.New(ctx, cfg, st, server.Options{Logger: log})
+	opt := server.Options{Logger: log}
+	if rs, ok := st.(*redis.Store); ok {
+		// Brokers sharing a Redis elect one leader (docs/operations.md).
+		el, err := rs.NewElector(redis.ElectorConfig{ID: cfg.HA.BrokerID, URL: cfg.HA.PeerURL,
+			TTL: cfg.HA.LeaseTTL.D(), RenewEvery: cfg.HA.RenewInterval.D(), Logger: log})
+		if err != nil {
+			return err
+		}
+		opt.Elector = el
+	}
+	srv, err := server.New(ctx, cfg, st, opt)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/client"
 )
 
 func statusCmd(g *globals) *cobra.Command {
@@ -16,22 +17,8 @@ func statusCmd(g *globals) *cobra.Command {
 		Short: "Show a job: its spec, where it runs or why it waits, and its whole history",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := g.checkOutput(); err != nil {
-				return err
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			j, err := c.Job(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if g.json() {
-				return g.printJSON(j)
-			}
-			printStatus(g, j)
-			return nil
+			return show(g, cmd, func(c *client.Client) (*broker.Job, error) { return c.Job(cmd.Context(), args[0]) },
+				func(j *broker.Job) error { printStatus(g, j); return nil })
 		},
 	}
 }

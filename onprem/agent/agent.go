@@ -88,7 +88,7 @@ func New(cfg Config, backend gpu.Backend, log *slog.Logger) (*Agent, error) {
 	}
 	return &Agent{
 		cfg: cfg, backend: backend, inv: inv, mps: inv.MPS,
-		http:      &http.Client{},
+		http:      brokerHTTP(),
 		log:       log.With("node", cfg.Name),
 		now:       time.Now,
 		runs:      map[agentapi.JobRef]*run{},

@@ -6,6 +6,7 @@
 //	none                         no GPUs
 //	sim:8xH100-80GB              simulated cards (see package sim)
 //	sim:2xL4-24GB,control=DIR    ... with a control directory for test triggers
+//	sim:2xL4-24GB,seed=S         ... with UUIDs of their own (clusters side by side)
 //	mock:dgxh100                 go-nvml's DGX H100 mock through the NVML adapter
 //
 // and prints what a backend sees (Probe), for `spillway agent --probe`.
@@ -25,7 +26,7 @@ import (
 )
 
 // SpecHelp lists the accepted specs, for flag help and error messages.
-const SpecHelp = "auto | nvml | none | sim:<count>x<model>-<memory>GB[,control=<dir>] | mock:dgxh100"
+const SpecHelp = "auto | nvml | none | sim:<count>x<model>-<memory>GB[,control=<dir>][,seed=<s>] | mock:dgxh100"
 
 // ErrBadSpec is returned for a spec string that names no backend.
 var ErrBadSpec = errors.New("bad GPU backend spec")
@@ -79,22 +80,27 @@ func Open(spec, nodeName string, log *slog.Logger) (gpu.Backend, error) {
 	return nil, fmt.Errorf("GPU backend %q: want %s: %w", spec, SpecHelp, ErrBadSpec)
 }
 
-// openSim reads "8xH100-80GB[,control=DIR]".
+// openSim reads "8xH100-80GB[,control=DIR][,seed=S]". The seed joins the
+// node name in making the cards' UUIDs, so that simulated clusters side by
+// side on one machine (tests) never share a card.
 func openSim(arg, nodeName string, log *slog.Logger) (gpu.Backend, error) {
 	fleet, rest, _ := strings.Cut(arg, ",")
 	opts := sim.Options{Log: log}
+	seeded := nodeName
 	if rest != "" {
 		for kv := range strings.SplitSeq(rest, ",") {
 			k, v, ok := strings.Cut(kv, "=")
 			switch {
 			case ok && k == "control" && v != "":
 				opts.ControlDir = v
+			case ok && k == "seed" && v != "":
+				seeded = nodeName + "/" + v
 			default:
-				return nil, fmt.Errorf("GPU backend sim:%s: unknown option %q (want control=<dir>): %w", arg, kv, ErrBadSpec)
+				return nil, fmt.Errorf("GPU backend sim:%s: unknown option %q (want control=<dir> or seed=<s>): %w", arg, kv, ErrBadSpec)
 			}
 		}
 	}
-	b, err := sim.New(fleet, nodeName, opts)
+	b, err := sim.New(fleet, seeded, opts)
 	if err != nil {
 		return nil, fmt.Errorf("open GPU backend sim: %w: %w", ErrBadSpec, err)
 	}

@@ -1,0 +1,62 @@
+package client
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// followRedirects is the client's redirect policy. A standby broker
+// answers writes with 307 to the leader's own URL (ha.peerURL), and Go keeps the
+// method and body of a 307 but drops Authorization when the redirect goes
+// to another host: the token is put back, since the brokers of one
+// cluster share their tokens.
+func followRedirects(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	if req.Header.Get("Authorization") == "" {
+		if a := via[0].Header.Get("Authorization"); a != "" {
+			req.Header.Set("Authorization", a)
+		}
+	}
+	return nil
+}
+
+// retryUnavailable bounds how long a request is sent again while the
+// brokers answer 503 with Retry-After.
+const retryUnavailable = 20 * time.Second
+
+// send runs req, and sends it again while the brokers answer 503 with
+// Retry-After: an election in progress, or a leader waiting for its
+// store. Those answers change nothing, so a submit is never doubled.
+func (c *Client) send(req *http.Request) (*http.Response, error) {
+	deadline := time.Now().Add(retryUnavailable)
+	for {
+		resp, err := c.HTTP.Do(req)
+		if err != nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+			time.Now().After(deadline) || (req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+			return resp, err
+		}
+		wait := time.Second
+		if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && n >= 0 {
+			wait = min(time.Duration(n)*time.Second, 5*time.Second)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		if req.GetBody != nil {
+			if req.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-req.Context().Done():
+			t.Stop()
+			return nil, req.Context().Err()
+		case <-t.C:
+		}
+	}
+}

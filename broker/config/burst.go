@@ -1,0 +1,233 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/providers/aws"
+	"github.com/spillway-dev/spillway/providers/gcp"
+	"github.com/spillway-dev/spillway/providers/lease"
+	"github.com/spillway-dev/spillway/providers/sshpool"
+)
+
+// Burst configures the burst controller (docs/bursting.md).
+type Burst struct {
+	// Interval between burst decisions.
+	Interval broker.Duration `json:"interval,omitempty"`
+	// Threshold is the on-prem allocation (0..1] at which waiting work
+	// may burst; Hysteresis keeps bursting until allocation falls below
+	// Threshold-Hysteresis.
+	Threshold  float64 `json:"threshold,omitempty"`
+	Hysteresis float64 `json:"hysteresis,omitempty"`
+	// MinWait is how long burst-eligible work waits first.
+	MinWait broker.Duration `json:"minWait,omitempty"`
+	// MaxInFlight caps machines starting at once; per provider too.
+	MaxInFlight            int `json:"maxInFlight,omitempty"`
+	MaxInFlightPerProvider int `json:"maxInFlightPerProvider,omitempty"`
+	// IdleTTL ends a machine without jobs; MaxLifetime ends every machine.
+	IdleTTL     broker.Duration `json:"idleTTL,omitempty"`
+	MaxLifetime broker.Duration `json:"maxLifetime,omitempty"`
+	// LeaseMargin drains leased hosts this long before their lease ends.
+	LeaseMargin broker.Duration `json:"leaseMargin,omitempty"`
+	// Queues override the trigger per queue.
+	Queues []BurstQueue `json:"queues,omitempty"`
+	// SSHKeyFile is the broker's SSH client key for bootstrapping (an
+	// OpenSSH private key); created (ed25519) when missing. Default
+	// dataDir/burst_ssh_key.
+	SSHKeyFile string `json:"sshKeyFile,omitempty"`
+	// AgentGPUs is the GPU backend burst agents use: auto (default), nvml,
+	// or sim (simulated cards shaped like the offer, for test clouds).
+	AgentGPUs string `json:"agentGPUs,omitempty"`
+	// AgentDataDir is the agent's data dir on the machine.
+	AgentDataDir string `json:"agentDataDir,omitempty"`
+	// RemoteDir is where the binary and agent config go on the machine.
+	RemoteDir string `json:"remoteDir,omitempty"`
+	// Binaries maps "os/arch" to a spillway binary for machines of another
+	// platform than the broker's.
+	Binaries map[string]string `json:"binaries,omitempty"`
+	// ReconcileEvery is how often every provider's machines are compared
+	// with the records; OrphanGrace is how long a machine without a record
+	// may live before it is deleted.
+	ReconcileEvery broker.Duration `json:"reconcileEvery,omitempty"`
+	OrphanGrace    broker.Duration `json:"orphanGrace,omitempty"`
+	// AlertWebhook, when set, receives a JSON POST when a budget crosses
+	// 80% and 100%.
+	AlertWebhook string `json:"alertWebhook,omitempty"`
+}
+
+// BurstQueue overrides the trigger for one queue.
+type BurstQueue struct {
+	Name      string          `json:"name"`
+	Threshold float64         `json:"threshold,omitempty"`
+	MinWait   broker.Duration `json:"minWait,omitempty"`
+	// WaitTarget: work that the scheduler's reservation says would wait
+	// longer than this bursts without waiting minWait.
+	WaitTarget broker.Duration `json:"waitTarget,omitempty"`
+	// Never keeps the queue's work on-prem.
+	Never bool `json:"never,omitempty"`
+}
+
+// Provider is one entry of `providers:`: exactly one of its fields.
+type Provider struct {
+	AWS     *aws.Config     `json:"aws,omitempty"`
+	GCP     *gcp.Config     `json:"gcp,omitempty"`
+	Lambda  *lease.Config   `json:"lambda,omitempty"`
+	SSHPool *sshpool.Config `json:"sshpool,omitempty"`
+}
+
+var agentGPUsRe = regexp.MustCompile(`^(auto|nvml|none|sim)$`)
+
+func (c *Config) burstDefaults() {
+	d := burst.DefaultPolicy()
+	b := &c.Burst
+	if b.Interval == 0 {
+		b.Interval = broker.Duration(5 * time.Second)
+	}
+	if b.Threshold == 0 {
+		b.Threshold = d.Threshold
+	}
+	if b.Hysteresis == 0 {
+		b.Hysteresis = d.Hysteresis
+	}
+	if b.MinWait == 0 {
+		b.MinWait = broker.Duration(d.MinWait)
+	}
+	if b.MaxInFlight == 0 {
+		b.MaxInFlight = d.MaxInFlight
+	}
+	if b.MaxInFlightPerProvider == 0 {
+		b.MaxInFlightPerProvider = d.MaxInFlightPerProvider
+	}
+	if b.IdleTTL == 0 {
+		b.IdleTTL = broker.Duration(d.IdleTTL)
+	}
+	if b.MaxLifetime == 0 {
+		b.MaxLifetime = broker.Duration(d.MaxLifetime)
+	}
+	if b.LeaseMargin == 0 {
+		b.LeaseMargin = broker.Duration(d.LeaseMargin)
+	}
+	if b.AgentGPUs == "" {
+		b.AgentGPUs = "auto"
+	}
+	if b.AgentDataDir == "" {
+		b.AgentDataDir = "/var/lib/spillway"
+	}
+	if b.ReconcileEvery == 0 {
+		b.ReconcileEvery = broker.Duration(time.Minute)
+	}
+	if b.OrphanGrace == 0 {
+		b.OrphanGrace = broker.Duration(2 * time.Minute)
+	}
+	// Providers tag machines with the cluster's name unless told otherwise.
+	for _, p := range c.Providers {
+		switch {
+		case p.AWS != nil && p.AWS.Cluster == "":
+			p.AWS.Cluster = c.Cluster
+		case p.GCP != nil && p.GCP.Cluster == "":
+			p.GCP.Cluster = c.Cluster
+		case p.Lambda != nil && p.Lambda.Cluster == "":
+			p.Lambda.Cluster = c.Cluster
+		}
+	}
+}
+
+func (c *Config) validateBurst(add func(field, code, format string, args ...any)) {
+	b := c.Burst
+	if b.Interval.D() < 10*time.Millisecond {
+		add("burst.interval", broker.CodeOutOfRange, "must be at least 10ms")
+	}
+	if b.Threshold <= 0 || b.Threshold > 1 {
+		add("burst.threshold", broker.CodeOutOfRange, "must be in (0, 1], e.g. 0.8")
+	}
+	if b.Hysteresis < 0 || b.Hysteresis >= b.Threshold {
+		add("burst.hysteresis", broker.CodeOutOfRange, "must be at least 0 and below burst.threshold")
+	}
+	if b.MinWait < 0 {
+		add("burst.minWait", broker.CodeOutOfRange, "must not be negative")
+	}
+	if b.MaxInFlight < 1 || b.MaxInFlight > 1000 {
+		add("burst.maxInFlight", broker.CodeOutOfRange, "must be between 1 and 1000")
+	}
+	if b.MaxInFlightPerProvider < 1 || b.MaxInFlightPerProvider > 1000 {
+		add("burst.maxInFlightPerProvider", broker.CodeOutOfRange, "must be between 1 and 1000")
+	}
+	if b.IdleTTL.D() < time.Second {
+		add("burst.idleTTL", broker.CodeOutOfRange, "must be at least 1s")
+	}
+	if b.MaxLifetime.D() < time.Minute {
+		add("burst.maxLifetime", broker.CodeOutOfRange, "must be at least 1m")
+	}
+	if b.LeaseMargin < 0 {
+		add("burst.leaseMargin", broker.CodeOutOfRange, "must not be negative")
+	}
+	if !agentGPUsRe.MatchString(b.AgentGPUs) {
+		add("burst.agentGPUs", broker.CodeInvalid, "must be auto, nvml, none or sim")
+	}
+	if b.ReconcileEvery.D() < time.Second {
+		add("burst.reconcileEvery", broker.CodeOutOfRange, "must be at least 1s")
+	}
+	if b.OrphanGrace < 0 {
+		add("burst.orphanGrace", broker.CodeOutOfRange, "must not be negative")
+	}
+	for i, q := range b.Queues {
+		f := fmt.Sprintf("burst.queues[%d]", i)
+		if _, ok := c.Queue(q.Name); !ok {
+			add(f+".name", broker.CodeInvalid, "unknown queue %q", q.Name)
+		}
+		if q.Threshold < 0 || q.Threshold > 1 {
+			add(f+".threshold", broker.CodeOutOfRange, "must be in [0, 1]")
+		}
+		if q.MinWait < 0 || q.WaitTarget < 0 {
+			add(f+".minWait", broker.CodeOutOfRange, "must not be negative")
+		}
+	}
+	names := map[string]bool{}
+	for i, p := range c.Providers {
+		f := fmt.Sprintf("providers[%d]", i)
+		n, name := 0, ""
+		if p.AWS != nil {
+			n++
+			name = p.AWS.Name
+		}
+		if p.GCP != nil {
+			n++
+			name = p.GCP.Name
+		}
+		if p.Lambda != nil {
+			n++
+			name = p.Lambda.Name
+		}
+		if p.SSHPool != nil {
+			n++
+			name = p.SSHPool.Name
+		}
+		if n != 1 {
+			add(f, broker.CodeInvalid, "set exactly one of aws, gcp, lambda, sshpool")
+			continue
+		}
+		if name != "" && names[name] {
+			add(f, broker.CodeInvalid, "duplicate provider name %q", name)
+		}
+		names[name] = true
+	}
+}
+
+// BurstPolicy is the burst decision's policy from the config.
+func (c *Config) BurstPolicy() burst.Policy {
+	b := c.Burst
+	p := burst.Policy{Threshold: b.Threshold, Hysteresis: b.Hysteresis, MinWait: b.MinWait.D(),
+		MaxInFlight: b.MaxInFlight, MaxInFlightPerProvider: b.MaxInFlightPerProvider,
+		IdleTTL: b.IdleTTL.D(), MaxLifetime: b.MaxLifetime.D(), LeaseMargin: b.LeaseMargin.D(),
+		Queues: map[string]burst.QueuePolicy{}, Priorities: map[string]int{}}
+	for _, q := range b.Queues {
+		p.Queues[q.Name] = burst.QueuePolicy{Threshold: q.Threshold, MinWait: q.MinWait.D(), WaitTarget: q.WaitTarget.D(), Never: q.Never}
+	}
+	for _, pr := range c.Priorities {
+		p.Priorities[pr.Name] = pr.Value
+	}
+	return p
+}

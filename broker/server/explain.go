@@ -1,0 +1,766 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/sched"
+)
+
+// Explanation is the body of GET /v1/jobs/{id}/explain: the walk an
+// operator does by hand when someone asks "why is my job not running" —
+// the job's state and history, the queue ahead of it, the nodes and who
+// holds their cards, the processes on the job's own cards, its log tail
+// and exit — ending in one verdict.
+type Explanation struct {
+	Job     *broker.Job     `json:"job"`
+	State   ExplainState    `json:"state"`
+	Queue   *ExplainQueue   `json:"queue,omitempty"`
+	Cluster ExplainCluster  `json:"cluster"`
+	Cards   []ExplainCard   `json:"cards,omitempty"`
+	Exit    *ExplainExit    `json:"exit,omitempty"`
+	Verdict ExplainVerdict  `json:"verdict"`
+	At      time.Time       `json:"at"`
+	Steps   []string        `json:"steps"`
+	Team    ExplainTeamLoad `json:"team"`
+}
+
+// ExplainState is step 1: where the job is and how it got there.
+type ExplainState struct {
+	State broker.State `json:"state"`
+	// Since is when the job entered its state.
+	Since time.Time `json:"since"`
+	// Recent are the last transitions, oldest first.
+	Recent  []broker.Transition `json:"recent"`
+	Attempt int                 `json:"attempt"`
+	Retries int                 `json:"retries"`
+}
+
+// ExplainQueue is step 2: the job's place among the waiting.
+type ExplainQueue struct {
+	Queue    string                `json:"queue"`
+	Priority string                `json:"priority"`
+	Reason   *broker.PendingReason `json:"reason,omitempty"`
+	// Waiting counts the pending jobs of the queue.
+	Waiting int `json:"waiting"`
+	// Ahead are the queue's pending jobs placed before this one (at most
+	// 10, nearest last).
+	Ahead []QueuedJob `json:"ahead,omitempty"`
+}
+
+// QueuedJob is one waiting job as the queue overview shows it.
+type QueuedJob struct {
+	ID       string `json:"id"`
+	Name     string `json:"name"`
+	Team     string `json:"team"`
+	Priority string `json:"priority"`
+	GPUs     int    `json:"gpus"`
+	Position int    `json:"position"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// ExplainTeamLoad is what the job's team holds now, for quota answers.
+type ExplainTeamLoad struct {
+	Team        string `json:"team"`
+	HeldGPUs    int    `json:"heldGpus"`
+	RunningJobs int    `json:"runningJobs"`
+	// QuotaGPUs and BorrowLimit echo the config (nil: none).
+	QuotaGPUs   *int `json:"quotaGpus,omitempty"`
+	BorrowLimit *int `json:"borrowLimit,omitempty"`
+}
+
+// ExplainCluster is step 3: is the cluster full, and who holds the cards
+// the job could use (cards of its gpuModel when it names one).
+type ExplainCluster struct {
+	Nodes      int `json:"nodes"`
+	ReadyNodes int `json:"readyNodes"`
+	// GPUs counts healthy cards on ready nodes that match the job's model.
+	GPUs      int `json:"gpus"`
+	FreeGPUs  int `json:"freeGpus"`
+	HeldGPUs  int `json:"heldGpus"`
+	Unhealthy int `json:"unhealthyGpus"`
+	// MostFreeOnOneNode is the largest number of free matching cards on
+	// one node.
+	MostFreeOnOneNode int  `json:"mostFreeOnOneNode"`
+	Full              bool `json:"full"`
+	// NeedsPerNode and NeedsNodes repeat what the job asks for.
+	NeedsPerNode int           `json:"needsPerNode"`
+	NeedsNodes   int           `json:"needsNodes"`
+	NodeList     []ExplainNode `json:"nodeList"`
+}
+
+// ExplainNode is one node of the overview.
+type ExplainNode struct {
+	Name     string            `json:"name"`
+	State    broker.NodeState  `json:"state"`
+	Model    string            `json:"model,omitempty"`
+	GPUs     int               `json:"gpus"`
+	Free     int               `json:"free"`
+	Matches  bool              `json:"matches"`
+	Holders  []ExplainHolder   `json:"holders,omitempty"`
+	Sampled  *time.Time        `json:"sampledAt,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Unusable int               `json:"unhealthy,omitempty"`
+}
+
+// ExplainHolder is a job holding cards on a node.
+type ExplainHolder struct {
+	Job      string `json:"job"`
+	Team     string `json:"team"`
+	Priority string `json:"priority"`
+	GPUs     int    `json:"gpus"`
+	// Ends is when its timeout ends it at the latest.
+	Ends *time.Time `json:"ends,omitempty"`
+}
+
+// ExplainCard is step 4: one of the job's cards, and whether it computes.
+type ExplainCard struct {
+	Node            string `json:"node"`
+	Index           int    `json:"index"`
+	Model           string `json:"model"`
+	MemoryBytes     int64  `json:"memoryBytes"`
+	MemoryUsedBytes int64  `json:"memoryUsedBytes"`
+	// SMUtil is the latest compute utilisation (nil: no telemetry).
+	SMUtil    *int             `json:"smUtil,omitempty"`
+	Computing bool             `json:"computing"`
+	Processes []ExplainProcess `json:"processes,omitempty"`
+	SampledAt *time.Time       `json:"sampledAt,omitempty"`
+}
+
+// ExplainProcess is a compute process on a card and the job it belongs to
+// ("" when it is no Spillway job's).
+type ExplainProcess struct {
+	PID         int    `json:"pid"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	Job         string `json:"job,omitempty"`
+}
+
+// ExplainExit is step 5: how the last attempt ended.
+type ExplainExit struct {
+	Attempt  int    `json:"attempt"`
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+	// OOM is "gpu" or "host" when the attempt ran out of memory.
+	OOM string `json:"oom,omitempty"`
+	// Evidence is the log line (or exit) the OOM verdict rests on.
+	Evidence string   `json:"evidence,omitempty"`
+	LogTail  []string `json:"logTail,omitempty"`
+}
+
+// ExplainVerdict is the most likely reason, as a code and one sentence
+// saying what to do.
+type ExplainVerdict struct {
+	Code     string `json:"code"`
+	Sentence string `json:"sentence"`
+}
+
+// Verdict codes of an explanation.
+const (
+	VerdictQuota        = "quota"
+	VerdictClusterFull  = "cluster_full"
+	VerdictWholeNode    = "whole_node"
+	VerdictGang         = "gang"
+	VerdictWaiting      = "waiting" // another scheduler reason (backfill, releasing, …)
+	VerdictNoFit        = "no_fit"
+	VerdictBackoff      = "backoff"
+	VerdictBurstBudget  = "burst_budget"
+	VerdictBurst        = "burst" // another burst reason
+	VerdictNew          = "not_scheduled_yet"
+	VerdictStarting     = "starting"
+	VerdictIdle         = "idle"
+	VerdictComputing    = "computing"
+	VerdictGPUOOM       = "oom_gpu"
+	VerdictHostOOM      = "oom_host"
+	VerdictCrashed      = "crashed"
+	VerdictTimedOut     = "timed_out"
+	VerdictSucceeded    = "succeeded"
+	VerdictCancelled    = "cancelled"
+	VerdictReclaimed    = "idle_reclaimed"
+	VerdictStopping     = "stopping"
+	VerdictNodeProblems = "node_lost"
+)
+
+// explainTailLines is how many log lines an explanation shows.
+const explainTailLines = 20
+
+// explainLogBytes bounds the log read for the tail and OOM evidence.
+const explainLogBytes = 64 << 10
+
+func (s *Server) explainJob(c echo.Context) error {
+	j, err := s.loadVisibleJob(c)
+	if err != nil {
+		return err
+	}
+	x, err := s.explain(c.Request().Context(), j, principal(c))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, x)
+}
+
+// explain builds the walk for a job read from the store (with its pending
+// reason overlaid), as viewer may see it.
+func (s *Server) explain(ctx context.Context, j *broker.Job, viewer Principal) (*Explanation, error) {
+	x := &Explanation{Job: j, At: s.clock.Now()}
+	x.State = explainState(j)
+	s.mu.Lock()
+	if cur, ok := s.jobs[j.ID]; ok && cur.IdleSince != nil && j.IdleSince == nil {
+		j.IdleSince = cur.IdleSince
+	}
+	views := s.nodeViewsLocked()
+	x.Queue = s.explainQueueLocked(j, viewer)
+	x.Team = s.teamLoadLocked(j.Spec.Team)
+	x.Cluster = s.explainClusterLocked(j, views)
+	x.Cards = s.explainCards(j, views)
+	s.mu.Unlock()
+
+	exit, err := s.explainExit(ctx, j)
+	if err != nil {
+		return nil, err
+	}
+	x.Exit = exit
+	x.Verdict = s.verdict(x)
+	x.Steps = explainSteps(x)
+	return x, nil
+}
+
+func explainState(j *broker.Job) ExplainState {
+	st := ExplainState{State: j.State, Attempt: j.Attempt, Retries: j.Retries, Since: j.SubmittedAt}
+	if n := len(j.History); n > 0 {
+		st.Since = j.History[n-1].At
+		for i := n - 1; i >= 0 && j.History[i].To == j.State; i-- {
+			st.Since = j.History[i].At
+		}
+		st.Recent = slices.Clone(j.History[max(0, n-6):])
+	}
+	return st
+}
+
+// explainQueueLocked lists the waiting jobs ahead of a pending one. As in
+// GET /v1/queues, a user does not see the ids and names of other teams'
+// waiting jobs — only their team, priority, size and reason.
+func (s *Server) explainQueueLocked(j *broker.Job, viewer Principal) *ExplainQueue {
+	if j.State != broker.StatePending {
+		return nil
+	}
+	q := &ExplainQueue{Queue: j.Spec.Queue, Priority: j.Spec.Priority, Reason: j.Pending}
+	pos := 0
+	if j.Pending != nil {
+		pos = j.Pending.Position
+	}
+	var ahead []QueuedJob
+	for id, o := range s.jobs {
+		if o.State != broker.StatePending || o.Spec.Queue != j.Spec.Queue {
+			continue
+		}
+		q.Waiting++
+		r, ok := s.reasons[id]
+		if id == j.ID || !ok || pos == 0 || r.Position == 0 || r.Position >= pos {
+			continue
+		}
+		qj := QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
+			GPUs: o.TotalGPUs(), Position: r.Position, Reason: r.Code}
+		if !canSeeTeam(viewer, o.Spec.Team) {
+			qj.ID, qj.Name = "", ""
+		}
+		ahead = append(ahead, qj)
+	}
+	slices.SortFunc(ahead, func(a, b QueuedJob) int { return a.Position - b.Position })
+	q.Ahead = ahead[max(0, len(ahead)-10):]
+	return q
+}
+
+// teamLoadLocked is what a team holds now, next to its quota.
+func (s *Server) teamLoadLocked(team string) ExplainTeamLoad {
+	out := ExplainTeamLoad{Team: team}
+	for _, o := range s.jobs {
+		if o.Spec.Team == team && o.State.Holding() {
+			out.HeldGPUs += o.TotalGPUs()
+			out.RunningJobs++
+		}
+	}
+	for _, t := range s.cfg.Teams {
+		if t.Name == team && t.Quota != nil {
+			g := t.Quota.GPUs
+			out.QuotaGPUs = &g
+			out.BorrowLimit = t.Quota.BorrowLimit
+		}
+	}
+	return out
+}
+
+// modelMatches is the scheduler's gpuModel rule: a case-insensitive
+// substring of the card model.
+func modelMatches(want, model string) bool {
+	return want == "" || strings.Contains(strings.ToLower(model), strings.ToLower(want))
+}
+
+func (s *Server) explainClusterLocked(j *broker.Job, views []NodeView) ExplainCluster {
+	r := j.Spec.Resources
+	out := ExplainCluster{Nodes: len(views), NeedsPerNode: r.GPUs, NeedsNodes: max(1, r.Nodes)}
+	for _, v := range views {
+		n := ExplainNode{Name: v.Name, State: v.State, Labels: v.Labels, Sampled: v.SampledAt}
+		if len(v.Cards) > 0 {
+			n.Model = v.Cards[0].Model
+		}
+		n.Matches = modelMatches(r.GPUModel, n.Model)
+		held := map[string]int{}
+		for _, cv := range v.Cards {
+			switch {
+			case cv.Unhealthy != "":
+				n.Unusable++
+			default:
+				n.GPUs++
+				if len(cv.Jobs) == 0 && v.State == broker.NodeReady {
+					n.Free++
+				}
+			}
+			for _, id := range cv.Jobs {
+				held[id]++
+			}
+		}
+		for id, g := range held {
+			h := ExplainHolder{Job: id, GPUs: g}
+			if o := s.jobs[id]; o != nil {
+				h.Team, h.Priority = o.Spec.Team, o.Spec.Priority
+				if o.StartedAt != nil && o.Spec.Timeout > 0 {
+					e := o.StartedAt.Add(o.Spec.Timeout.D())
+					h.Ends = &e
+				}
+			}
+			n.Holders = append(n.Holders, h)
+		}
+		slices.SortFunc(n.Holders, func(a, b ExplainHolder) int { return strings.Compare(a.Job, b.Job) })
+		if v.State == broker.NodeReady {
+			out.ReadyNodes++
+			if n.Matches {
+				out.GPUs += n.GPUs
+				out.FreeGPUs += n.Free
+				out.HeldGPUs += n.GPUs - n.Free
+				out.MostFreeOnOneNode = max(out.MostFreeOnOneNode, n.Free)
+			}
+		}
+		out.Unhealthy += n.Unusable
+		out.NodeList = append(out.NodeList, n)
+	}
+	out.Full = out.FreeGPUs < r.GPUs*max(1, r.Nodes)
+	return out
+}
+
+// explainCards shows the job's own cards while it holds them.
+func (s *Server) explainCards(j *broker.Job, views []NodeView) []ExplainCard {
+	if !j.State.Holding() {
+		return nil
+	}
+	byName := map[string]NodeView{}
+	for _, v := range views {
+		byName[v.Name] = v
+	}
+	threshold := s.cfg.Idle.Threshold
+	var out []ExplainCard
+	for _, p := range j.Placements {
+		v, ok := byName[p.Node]
+		for _, g := range p.GPUs {
+			c := ExplainCard{Node: p.Node, Index: g}
+			if ok {
+				c.SampledAt = v.SampledAt
+				for _, cv := range v.Cards {
+					if cv.Index != g {
+						continue
+					}
+					c.Model, c.MemoryBytes = cv.Model, cv.MemoryBytes
+					if t := cv.Telemetry; t != nil {
+						u := t.SMUtil
+						c.SMUtil = &u
+						c.MemoryUsedBytes = t.MemoryUsedBytes
+						c.Computing = u >= threshold
+						for _, pr := range t.Processes {
+							c.Processes = append(c.Processes, ExplainProcess{PID: pr.PID, MemoryBytes: pr.UsedMemoryBytes, Job: cv.ProcessJobs[pr.PID]})
+						}
+					}
+				}
+			}
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// explainExit reads the last attempt's log tail and looks for the reason
+// it ended, OOM first.
+func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*ExplainExit, error) {
+	if j.Attempt == 0 {
+		return nil, nil
+	}
+	x := &ExplainExit{Attempt: j.Attempt, ExitCode: j.ExitCode, Signal: j.Signal}
+	for i := len(j.History) - 1; i >= 0; i-- {
+		t := j.History[i]
+		if t.From.Holding() && !t.To.Holding() {
+			x.Reason, x.Detail = t.Reason, t.Detail
+			break
+		}
+	}
+	var raw []byte
+	err := s.store.View(ctx, func(tx broker.Tx) error {
+		m, err := broker.GetLogMeta(tx, j.ID, j.Attempt)
+		if err != nil {
+			return err
+		}
+		raw, err = broker.ReadLog(tx, j.ID, j.Attempt, max(0, m.Size-explainLogBytes), explainLogBytes)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read log: %w", err)
+	}
+	for _, l := range strings.Split(string(lastLines(raw, explainTailLines)), "\n") {
+		if l != "" {
+			x.LogTail = append(x.LogTail, strings.TrimRight(l, "\r"))
+		}
+	}
+	ended := x.ExitCode != nil || x.Signal != ""
+	if ended && !stoppedByBroker(x.Reason) {
+		x.OOM, x.Evidence = detectOOM(raw, x.ExitCode, x.Signal)
+	}
+	return x, nil
+}
+
+// stoppedByBroker reports whether an attempt's end was the broker's doing
+// (a kill then is no crash).
+func stoppedByBroker(reason string) bool {
+	switch reason {
+	case "cancelled", "preempted", "timed_out", "idle_reclaimed", "node_lost", "agent_restarted", "agent_forgot":
+		return true
+	}
+	return false
+}
+
+// GPU and host out-of-memory markers, matched case-insensitively on one
+// log line. GPU markers come from PyTorch, CUDA, cuBLAS, JAX/XLA and
+// TensorFlow; host markers from the kernel's OOM killer as a shell prints
+// it, Python and C++.
+var (
+	gpuOOMMarkers = []string{"cuda out of memory", "torch.cuda.outofmemoryerror", "torch.outofmemoryerror",
+		"cuda_error_out_of_memory", "cudaerrormemoryallocation", "cublas_status_alloc_failed",
+		"resource_exhausted: out of memory", "out of memory on device", "failed to allocate memory on gpu"}
+	hostOOMMarkers = []string{"memoryerror", "std::bad_alloc", "cannot allocate memory", "out of memory: killed process", "java.lang.outofmemoryerror"}
+)
+
+// detectOOM looks for an out-of-memory end: a GPU marker in the log, else
+// a host marker, else the kernel OOM killer's signature — SIGKILL (or exit
+// 137 from a shell) that nobody sent, with "Killed" as the last words.
+func detectOOM(log []byte, exit *int, signal string) (kind, evidence string) {
+	lines := bytes.Split(log, []byte("\n"))
+	find := func(markers []string) string {
+		for i := len(lines) - 1; i >= 0; i-- {
+			l := bytes.ToLower(lines[i])
+			for _, m := range markers {
+				if bytes.Contains(l, []byte(m)) {
+					return clipLine(string(bytes.TrimSpace(lines[i])))
+				}
+			}
+		}
+		return ""
+	}
+	if e := find(gpuOOMMarkers); e != "" {
+		return "gpu", e
+	}
+	if bytes.Contains(bytes.ToLower(log), []byte("outofmemoryerror")) {
+		if e := find([]string{"outofmemoryerror"}); e != "" {
+			return "gpu", e
+		}
+	}
+	if e := find(hostOOMMarkers); e != "" {
+		return "host", e
+	}
+	killed := signal == "SIGKILL" || (exit != nil && *exit == 137)
+	if killed {
+		for i := len(lines) - 1; i >= 0; i-- {
+			l := strings.TrimSpace(string(lines[i]))
+			if l == "" {
+				continue
+			}
+			if l == "Killed" || strings.HasSuffix(l, " Killed") {
+				return "host", l
+			}
+			break
+		}
+		what := "SIGKILL"
+		if signal == "" {
+			what = "exit code 137 (128 + SIGKILL)"
+		}
+		return "host", what + " that neither Spillway nor a person sent: the kernel's OOM killer"
+	}
+	return "", ""
+}
+
+func clipLine(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
+}
+
+// verdict picks the most likely reason and says what to do, in one
+// sentence.
+func (s *Server) verdict(x *Explanation) ExplainVerdict {
+	j := x.Job
+	switch j.State {
+	case broker.StateSucceeded:
+		return ExplainVerdict{VerdictSucceeded, fmt.Sprintf("The job finished successfully %s; nothing to do.", at(*j.EndedAt))}
+	case broker.StateCancelled:
+		return ExplainVerdict{VerdictCancelled, fmt.Sprintf("The job was cancelled (%s); submit it again if that was a mistake.", lastDetail(j))}
+	case broker.StateTimedOut:
+		return ExplainVerdict{VerdictTimedOut, fmt.Sprintf("The job ran past its timeout of %s and was stopped; ask for a longer timeout (up to the queue's maximum) or checkpoint and resume.", j.Spec.Timeout)}
+	case broker.StateFailed:
+		if v, ok := crashVerdict(x, ""); ok {
+			return v
+		}
+		if x.Exit != nil && x.Exit.Reason == "idle_reclaimed" {
+			return ExplainVerdict{VerdictReclaimed, "The job was ended because its GPUs computed almost nothing for the idle window; make sure it keeps its cards busy, or run interactive work elsewhere."}
+		}
+		if x.Exit != nil && x.Exit.Reason == "node_lost" {
+			return ExplainVerdict{VerdictNodeProblems, fmt.Sprintf("The job's node went silent (%s) and restartPolicy Never kept it from being requeued; submit it again.", x.Exit.Detail)}
+		}
+		return ExplainVerdict{VerdictCrashed, fmt.Sprintf("The job failed (%s); read the log tail above and `spillway logs %s`.", lastDetail(j), j.ID)}
+	case broker.StatePending:
+		return s.pendingVerdict(x)
+	case broker.StateProvisioning:
+		return ExplainVerdict{VerdictStarting, fmt.Sprintf("The job is bound to burst machine %s, which is being started for it; `spillway instances` shows each step.", dash0(j.Machine))}
+	case broker.StateStarting:
+		node := strings.Join(j.Nodes(), ", ")
+		return ExplainVerdict{VerdictStarting, fmt.Sprintf("The job was placed on %s %s and the agent is starting it; if it stays here, check that node with `spillway nodes`.", dash0(node), ago0(x.At, x.State.Since))}
+	}
+	// Running.
+	if j.Stop != nil {
+		return ExplainVerdict{VerdictStopping, fmt.Sprintf("The job is being stopped (%s: %s); it got %s and has %s to save its work.", j.Stop.Reason, j.Stop.Detail, j.Stop.Signal, broker.FormatDuration(j.Stop.Grace))}
+	}
+	busy, measured, util, mem := 0, 0, 0, int64(0)
+	for _, c := range x.Cards {
+		if c.SMUtil == nil {
+			continue
+		}
+		measured++
+		util += *c.SMUtil
+		mem += c.MemoryUsedBytes
+		if c.Computing {
+			busy++
+		}
+	}
+	if j.IdleSince != nil || (measured > 0 && busy == 0) {
+		since := ""
+		if j.IdleSince != nil {
+			since = " since " + j.IdleSince.UTC().Format("15:04 UTC Jan 2")
+		}
+		return ExplainVerdict{VerdictIdle, fmt.Sprintf("The job holds %d GPU(s) and %s of GPU memory but computes almost nothing (%d%% compute)%s; check it is not stuck (data loading, a debugger, a finished notebook), and cancel it to give the cards back.",
+			len(x.Cards), gibs(mem), util/max(1, measured), since)}
+	}
+	if measured == 0 {
+		return ExplainVerdict{VerdictComputing, "The job is running; its node has sent no GPU telemetry yet, so whether it computes is not known — look again in a minute."}
+	}
+	return ExplainVerdict{VerdictComputing, fmt.Sprintf("The job is running and computing (%d%% compute on %d of %d GPUs); nothing is wrong.", util/measured, busy, len(x.Cards))}
+}
+
+// crashVerdict names an out-of-memory or crashed last attempt; then says
+// what happens next (nothing, or the retry).
+func crashVerdict(x *Explanation, next string) (ExplainVerdict, bool) {
+	e := x.Exit
+	if e == nil || stoppedByBroker(e.Reason) {
+		return ExplainVerdict{}, false
+	}
+	switch e.OOM {
+	case "gpu":
+		return ExplainVerdict{VerdictGPUOOM, fmt.Sprintf("The job crashed because the GPU ran out of memory (%q)%s; lower the batch size or model size, or ask for a card with more memory (resources.gpuModel) or more GPUs.", e.Evidence, next)}, true
+	case "host":
+		return ExplainVerdict{VerdictHostOOM, fmt.Sprintf("The job was killed for running out of host memory (%s)%s; ask for more memory (resources.memory) or load less data at once.", e.Evidence, next)}, true
+	}
+	if e.Signal != "" || (e.ExitCode != nil && *e.ExitCode != 0) {
+		what := e.Signal
+		if what == "" {
+			what = fmt.Sprintf("exit code %d", *e.ExitCode)
+		}
+		return ExplainVerdict{VerdictCrashed, fmt.Sprintf("The job's last attempt crashed (%s)%s; read the log tail above and `spillway logs %s --attempt %d`.", what, next, x.Job.ID, e.Attempt)}, true
+	}
+	return ExplainVerdict{}, false
+}
+
+func (s *Server) pendingVerdict(x *Explanation) ExplainVerdict {
+	j := x.Job
+	r := j.Pending
+	if r == nil {
+		return ExplainVerdict{VerdictNew, "The job was just submitted and the scheduler has not looked at it yet; look again in a few seconds."}
+	}
+	c := x.Cluster
+	need := c.NeedsPerNode * c.NeedsNodes
+	pos := ""
+	if r.Position > 0 {
+		pos = fmt.Sprintf("; it is %s in queue %s", ordinal(r.Position), j.Spec.Queue)
+	}
+	eta := ""
+	if r.EstimatedStart != nil {
+		eta = ", expected to start around " + r.EstimatedStart.UTC().Format("15:04 UTC Jan 2")
+	}
+	switch r.Code {
+	case sched.ReasonBackoff:
+		next := fmt.Sprintf(", and waits out its retry backoff (retry %d/%d)", j.Retries, j.Spec.MaxRetries)
+		if v, ok := crashVerdict(x, next); ok {
+			return v
+		}
+		return ExplainVerdict{VerdictBackoff, fmt.Sprintf("The job failed and waits out its retry backoff (%s); read the log tail above.", r.Message)}
+	case sched.ReasonQuota:
+		t := x.Team
+		quota := ""
+		if t.QuotaGPUs != nil {
+			quota = fmt.Sprintf(" (guaranteed %d GPUs", *t.QuotaGPUs)
+			if t.BorrowLimit != nil {
+				quota += fmt.Sprintf(", may borrow %d more", *t.BorrowLimit)
+			}
+			quota += ")"
+		}
+		return ExplainVerdict{VerdictQuota, fmt.Sprintf("The job waits for its team's quota (%s): team %s's %d running job(s) hold %d GPUs%s, and it starts when they end — or ask an operator to raise the quota.",
+			r.Message, j.Spec.Team, t.RunningJobs, t.HeldGPUs, quota)}
+	case sched.ReasonResources:
+		if c.FreeGPUs >= need && c.MostFreeOnOneNode < c.NeedsPerNode {
+			return ExplainVerdict{VerdictWholeNode, fmt.Sprintf("The job needs %d GPUs on one node: %d GPUs are free but spread out (at most %d on one node)%s%s; it starts when a node frees up, or ask for fewer GPUs per node (resources.gpus with resources.nodes).",
+				c.NeedsPerNode, c.FreeGPUs, c.MostFreeOnOneNode, pos, eta)}
+		}
+		return ExplainVerdict{VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.",
+			c.HeldGPUs, c.GPUs, need, pos, eta)}
+	case sched.ReasonGang:
+		return ExplainVerdict{VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta)}
+	case sched.ReasonNoFit:
+		return ExplainVerdict{VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message)}
+	case burst.CodeBudget:
+		return ExplainVerdict{VerdictBurstBudget, fmt.Sprintf("On-prem GPUs are taken (%d free, it needs %d) and bursting to the cloud is blocked by the budget (%s); it waits for on-prem GPUs, or an operator raises the budget with `spillway budget set`.",
+			c.FreeGPUs, need, r.Message)}
+	case burst.CodeBelowThreshold, burst.CodeMinWait, burst.CodeInProgress, burst.CodeNoOffer, burst.CodeCapped, burst.CodeNotEligible:
+		return ExplainVerdict{VerdictBurst, fmt.Sprintf("The job waits for GPUs (%d free, it needs %d) and will not burst yet: %s%s.", c.FreeGPUs, need, r.Message, pos)}
+	}
+	return ExplainVerdict{VerdictWaiting, fmt.Sprintf("The job waits: %s%s; nothing is wrong with it.", r.Message, eta)}
+}
+
+// explainSteps prints the walk as lines a CLI and a page show in order.
+func explainSteps(x *Explanation) []string {
+	j := x.Job
+	var out []string
+	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	add("1. State: %s %s (attempt %d, retries %d/%d)", j.State, ago0(x.At, x.State.Since), j.Attempt, j.Retries, j.Spec.MaxRetries)
+	if q := x.Queue; q != nil {
+		line := fmt.Sprintf("2. Queue %s: %d waiting", q.Queue, q.Waiting)
+		if q.Reason != nil {
+			line += fmt.Sprintf("; this job: %s [%s]", q.Reason.Message, q.Reason.Code)
+		}
+		add("%s", line)
+		for _, a := range q.Ahead {
+			add("     ahead: #%d %s team %s %s %d GPU(s) [%s]", a.Position, dash0(a.ID), a.Team, a.Priority, a.GPUs, a.Reason)
+		}
+		add("   Team %s holds %d GPUs in %d running job(s)", x.Team.Team, x.Team.HeldGPUs, x.Team.RunningJobs)
+	} else {
+		add("2. Queue: not waiting")
+	}
+	c := x.Cluster
+	add("3. Cluster: %d/%d nodes ready; %d of %d matching GPUs free (most on one node: %d); needs %d × %d", c.ReadyNodes, c.Nodes, c.FreeGPUs, c.GPUs, c.MostFreeOnOneNode, c.NeedsNodes, c.NeedsPerNode)
+	for _, n := range c.NodeList {
+		var hs []string
+		for _, h := range n.Holders {
+			hs = append(hs, fmt.Sprintf("%s (%s, %d)", h.Job, h.Team, h.GPUs))
+		}
+		add("     %s %s: %d/%d free; held by %s", n.Name, n.State, n.Free, n.GPUs, dash0(strings.Join(hs, ", ")))
+	}
+	if len(x.Cards) == 0 {
+		add("4. Cards: the job holds none")
+	} else {
+		add("4. Cards of the job:")
+		for _, cd := range x.Cards {
+			util := "no telemetry"
+			if cd.SMUtil != nil {
+				state := "idle"
+				if cd.Computing {
+					state = "computing"
+				}
+				util = fmt.Sprintf("%d%% compute (%s), %s/%s memory", *cd.SMUtil, state, gibs(cd.MemoryUsedBytes), gibs(cd.MemoryBytes))
+			}
+			var ps []string
+			for _, p := range cd.Processes {
+				ps = append(ps, fmt.Sprintf("pid %d %s %s", p.PID, gibs(p.MemoryBytes), dash0(p.Job)))
+			}
+			add("     %s GPU %d: %s; processes: %s", cd.Node, cd.Index, util, dash0(strings.Join(ps, ", ")))
+		}
+	}
+	if e := x.Exit; e != nil && (e.ExitCode != nil || e.Signal != "" || len(e.LogTail) > 0) {
+		line := fmt.Sprintf("5. Attempt %d", e.Attempt)
+		switch {
+		case e.Detail != "":
+			line += " ended: " + e.Detail
+		case e.Signal != "":
+			line += " ended: killed by " + e.Signal
+		case e.ExitCode != nil:
+			line += fmt.Sprintf(" ended: exit code %d", *e.ExitCode)
+		default:
+			line += " is running; its log ends"
+		}
+		if e.OOM != "" {
+			line += fmt.Sprintf("; out of %s memory: %s", e.OOM, e.Evidence)
+		}
+		add("%s", strings.TrimSpace(line))
+		for _, l := range e.LogTail {
+			add("     | %s", l)
+		}
+	} else {
+		add("5. Log: nothing yet")
+	}
+	return out
+}
+
+func lastDetail(j *broker.Job) string {
+	if n := len(j.History); n > 0 {
+		t := j.History[n-1]
+		if t.Detail != "" {
+			return t.Detail
+		}
+		return t.Reason
+	}
+	return string(j.State)
+}
+
+func at(t time.Time) string { return "at " + t.UTC().Format("15:04 UTC Jan 2") }
+
+func ago0(now, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return "for " + broker.FormatDuration(now.Sub(t).Truncate(time.Second))
+}
+
+func dash0(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func gibs(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+func ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return fmt.Sprintf("%d%s", n, suffix)
+}

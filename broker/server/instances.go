@@ -1,0 +1,240 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/config"
+)
+
+// InstanceView is a burst machine as the API shows it.
+type InstanceView struct {
+	*broker.InstanceRecord
+	// Age is how long since the decision to launch it.
+	Age string `json:"age"`
+	// CostSoFar is the machine's cost in the ledger (usage and overhead).
+	CostSoFar billing.Amount `json:"costSoFar"`
+	Currency  string         `json:"currency"`
+	// RunningJobs hold its cards now; WaitingJobs are bound to it.
+	RunningJobs []string `json:"runningJobs,omitempty"`
+	WaitingJobs []string `json:"waitingJobs,omitempty"`
+}
+
+func (s *Server) instanceViews(c echo.Context, only string) ([]InstanceView, error) {
+	now := s.clock.Now()
+	s.mu.Lock()
+	var views []InstanceView
+	for id, r := range s.burst.instances {
+		if only != "" && id != only {
+			continue
+		}
+		v := InstanceView{InstanceRecord: cloneRecord(r), Currency: s.currency()}
+		v.Age = broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second))
+		for jid := range s.byNode[id] {
+			v.RunningJobs = append(v.RunningJobs, jid)
+		}
+		for jid, j := range s.jobs {
+			if j.State == broker.StateProvisioning && j.Machine == id {
+				v.WaitingJobs = append(v.WaitingJobs, jid)
+			}
+		}
+		slices.Sort(v.RunningJobs)
+		slices.Sort(v.WaitingJobs)
+		if only == "" {
+			v.Bootstrap = nil // the transcript is for describe
+		}
+		views = append(views, v)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(views, func(a, b InstanceView) int { return strings.Compare(b.ID, a.ID) })
+	if len(views) == 0 {
+		return views, nil
+	}
+	cost := map[string]billing.Amount{}
+	from := views[len(views)-1].CreatedAt.Add(-time.Hour)
+	err := broker.Ledger{Store: s.store}.Scan(c.Request().Context(), from, time.Time{}, func(e billing.Entry) error {
+		if e.Pool.InstanceID != "" {
+			cost[e.Pool.InstanceID] += e.Cost
+		}
+		return nil
+	})
+	for i := range views {
+		views[i].CostSoFar = cost[views[i].ID]
+	}
+	return views, err
+}
+
+func (s *Server) listInstances(c echo.Context) error {
+	views, err := s.instanceViews(c, "")
+	if err != nil {
+		return err
+	}
+	if views == nil {
+		views = []InstanceView{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"instances": views})
+}
+
+func (s *Server) getInstance(c echo.Context) error {
+	views, err := s.instanceViews(c, c.Param("id"))
+	if err != nil {
+		return err
+	}
+	if len(views) == 0 {
+		return newError(http.StatusNotFound, "not_found", "instance %s not found", clip(c.Param("id")))
+	}
+	return c.JSON(http.StatusOK, views[0])
+}
+
+// BurstPlan is the body of GET /v1/burst/plan.
+type BurstPlan struct {
+	Decision burst.Decision `json:"decision"`
+	Input    *burst.Input   `json:"input"`
+}
+
+func (s *Server) burstPlan(c echo.Context) error {
+	d, in, err := s.PlanBurst(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, BurstPlan{Decision: d, Input: in})
+}
+
+// BudgetView is one budget with this month's money.
+type BudgetView struct {
+	broker.Budget
+	Month     string         `json:"month"`
+	Spent     billing.Amount `json:"spent"`
+	Reserved  billing.Amount `json:"reserved"`
+	Remaining billing.Amount `json:"remaining"`
+	UsedRatio float64        `json:"usedRatio"`
+}
+
+func (s *Server) budgetViews(c echo.Context) ([]BudgetView, error) {
+	month := s.clock.Now().In(s.billingZone()).Format("2006-01")
+	var out []BudgetView
+	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
+		bs, err := broker.ListBudgets(tx)
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			m, err := broker.GetBudgetMonth(tx, month, b.Scope)
+			if err != nil {
+				return err
+			}
+			v := BudgetView{Budget: b, Month: month, Spent: m.Spent, Reserved: m.Reserved, Remaining: b.Limit - m.Committed()}
+			if b.Limit > 0 {
+				v.UsedRatio = float64(m.Committed()) / float64(b.Limit)
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (s *Server) listBudgets(c echo.Context) error {
+	views, err := s.budgetViews(c)
+	if err != nil {
+		return err
+	}
+	p := principal(c)
+	if p.Role == config.RoleUser {
+		views = slices.DeleteFunc(views, func(v BudgetView) bool { return v.Scope != p.Team && v.Scope != broker.GlobalScope })
+	}
+	if views == nil {
+		views = []BudgetView{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"budgets": views, "currency": s.currency()})
+}
+
+// BudgetRequest is the body of PUT /v1/budgets/:scope.
+type BudgetRequest struct {
+	// Limit is the monthly budget as a decimal string ("5000", "1250.50").
+	Limit string `json:"limit"`
+}
+
+func (s *Server) setBudget(c echo.Context) error {
+	scope := c.Param("scope")
+	if scope != broker.GlobalScope && !nodeNameRe.MatchString(scope) {
+		return errBadRequest("scope", broker.CodeInvalid, "must be global or a team name")
+	}
+	var req BudgetRequest
+	if err := decodeBody(c, 4096, &req); err != nil {
+		return err
+	}
+	limit, err := billing.ParseAmount(req.Limit)
+	if err != nil {
+		return errBadRequest("limit", broker.CodeInvalid, "%v", err)
+	}
+	if limit < 0 {
+		return errBadRequest("limit", broker.CodeOutOfRange, "must not be negative, got %s", limit)
+	}
+	p := principal(c)
+	var b broker.Budget
+	err = s.store.Update(c.Request().Context(), func(tx broker.Tx) error {
+		var err error
+		b, err = broker.SetBudget(tx, scope, limit, s.currency(), p.Name, s.clock.Now())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	s.log.Info("burst budget set", "scope", scope, "limit", limit.String(), "currency", s.currency(), "by", p.Name)
+	return c.JSON(http.StatusOK, b)
+}
+
+func (s *Server) listAudit(c echo.Context) error {
+	var out []broker.AuditRecord
+	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
+		var err error
+		out, err = broker.ListAudit(tx)
+		return err
+	})
+	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+		return err
+	}
+	if out == nil {
+		out = []broker.AuditRecord{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"audit": out})
+}
+
+// checkBudgetAlertsLocked raises an alert the first time in a month a
+// scope's committed spend crosses 80% and 100% of its budget: a log line,
+// the gauge, and the webhook when configured.
+func (s *Server) checkBudgetAlertsLocked(in *burst.Input) {
+	month := in.Now.In(s.billingZone()).Format("2006-01")
+	for scope, b := range in.Budgets {
+		if b.Limit <= 0 {
+			continue
+		}
+		ratio := float64(b.Committed) / float64(b.Limit)
+		s.metrics.budgetUsed.WithLabelValues(scope).Set(ratio)
+		for _, level := range []float64{0.8, 1.0} {
+			key := fmt.Sprintf("%s/%s/%.0f", month, scope, level*100)
+			if ratio < level || s.burst.alerted[key] {
+				continue
+			}
+			s.burst.alerted[key] = true
+			msg := fmt.Sprintf("burst budget %s at %.0f%%: %s of %s %s committed in %s", scope, ratio*100,
+				burst.Money(b.Committed), burst.Money(b.Limit), in.Currency, month)
+			s.log.Warn("budget alert", "scope", scope, "level", level, "committed", b.Committed.String(), "limit", b.Limit.String(), "msg", msg)
+			s.metrics.budgetAlerts.WithLabelValues(scope, fmt.Sprintf("%.0f", level*100)).Inc()
+			if url := s.cfg.Burst.AlertWebhook; url != "" {
+				go s.postAlert(url, map[string]any{"scope": scope, "month": month, "level": level, "ratio": ratio,
+					"committed": b.Committed.String(), "limit": b.Limit.String(), "currency": in.Currency, "message": msg})
+			}
+		}
+	}
+}

@@ -1,0 +1,546 @@
+package server
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/config"
+)
+
+// The utilisation report: per team, pool, GPU model and shift, the
+// GPU-hours allocated and computing (from the billing ledger, so they
+// reconcile with it to the GPU-millisecond) and the GPU memory held (from
+// the telemetry series, each card's memory attributed to the jobs that
+// held the card); then the jobs that hold memory without computing and the
+// cards idle longest.
+
+// BucketAllocHistory keeps a copy of every allocation record (job attempt
+// × node, with its cards), keyed "<start ms>/<job>/<attempt>/<node>": the
+// meter deletes its own records once metered, while reports need to know
+// who held which card for as long as telemetry is kept.
+const BucketAllocHistory broker.Bucket = "alloc-history"
+
+// allocHistoryPrune bounds the stale records one commit deletes.
+const allocHistoryPrune = 50
+
+func allocHistoryKey(a broker.AllocRecord) string {
+	return fmt.Sprintf("%013d/%s/%06d/%s", a.Start.UnixMilli(), a.Job, a.Attempt, a.Pool.Node)
+}
+
+// keepAllocHistoryLocked copies the allocation records a job change wrote
+// (GPUs given, or taken back) into BucketAllocHistory, in the same
+// transaction; and deletes a few records older than any report can use.
+func (s *Server) keepAllocHistoryLocked(tx broker.Tx, old, j *broker.Job, now time.Time) error {
+	enter := j.State.Holding() && (old == nil || !old.State.Holding() || old.Attempt != j.Attempt)
+	leave := old != nil && old.State.Holding() && (!j.State.Holding() || old.Attempt != j.Attempt)
+	var copies []broker.Placement
+	if enter {
+		copies = append(copies, j.Placements...)
+	}
+	if leave {
+		for _, p := range old.Placements {
+			if err := copyAlloc(tx, old.ID, old.Attempt, p.Node); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range copies {
+		if err := copyAlloc(tx, j.ID, j.Attempt, p.Node); err != nil {
+			return err
+		}
+	}
+	if !enter {
+		return nil
+	}
+	keep := s.cfg.Telemetry.HourRetention.D()
+	for _, q := range s.cfg.Queues {
+		keep = max(keep, s.cfg.Telemetry.HourRetention.D()+q.MaxTimeout.D())
+	}
+	var stale []string
+	err := tx.Scan(BucketAllocHistory, "", fmt.Sprintf("%013d", now.Add(-keep).UnixMilli()), func(k string, _ []byte) error {
+		stale = append(stale, k)
+		if len(stale) == allocHistoryPrune {
+			return broker.ErrStopScan
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, broker.ErrStopScan) {
+		return err
+	}
+	for _, k := range stale {
+		if err := tx.Delete(BucketAllocHistory, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyAlloc(tx broker.Tx, job string, attempt int, node string) error {
+	a, err := broker.GetAlloc(tx, job, attempt, node)
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	raw, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	return tx.Put(BucketAllocHistory, allocHistoryKey(a), raw)
+}
+
+// UtilRow is one team × pool × GPU model × shift.
+type UtilRow struct {
+	Team     string `json:"team"`
+	Pool     string `json:"pool"`
+	GPUModel string `json:"gpuModel"`
+	Shift    string `json:"shift"`
+	UtilTotals
+}
+
+// UtilTotals are the sums of a row. The GPU-millisecond and money fields
+// are exact integer shares of ledger entries: an entry that spans a shift
+// change is split by time, the remainder to its last piece, so every sum
+// equals the ledger's.
+type UtilTotals struct {
+	// GPUMillis is the GPU-time allocated, as the ledger charges it (burst
+	// overhead included, under the team that pays it).
+	GPUMillis int64 `json:"gpuMillis"`
+	// OverheadGPUMillis is the part of GPUMillis that was burst overhead.
+	OverheadGPUMillis int64 `json:"overheadGpuMillis"`
+	// EffectiveGPUMillis is the GPU-time computing: allocated time scaled
+	// by measured compute utilisation.
+	EffectiveGPUMillis int64 `json:"effectiveGpuMillis"`
+	// MeasuredGPUMillis is the allocated time telemetry covered.
+	MeasuredGPUMillis int64          `json:"measuredGpuMillis"`
+	Cost              billing.Amount `json:"cost"`
+	// MemoryByteSeconds is GPU memory in use on the cards held, over time;
+	// CardSeconds the card-time telemetry covered it on.
+	MemoryByteSeconds float64 `json:"memoryByteSeconds"`
+	CardSeconds       float64 `json:"cardSeconds"`
+
+	// Derived for people.
+	GPUHours          string  `json:"gpuHours"`
+	ComputingGPUHours string  `json:"computingGpuHours"`
+	Utilization       float64 `json:"utilization"`
+	MemoryGiBHours    float64 `json:"memoryGiBHours"`
+	MeanMemoryBytes   int64   `json:"meanMemoryBytes"`
+}
+
+func (t *UtilTotals) add(o UtilTotals) {
+	t.GPUMillis += o.GPUMillis
+	t.OverheadGPUMillis += o.OverheadGPUMillis
+	t.EffectiveGPUMillis += o.EffectiveGPUMillis
+	t.MeasuredGPUMillis += o.MeasuredGPUMillis
+	t.Cost += o.Cost
+	t.MemoryByteSeconds += o.MemoryByteSeconds
+	t.CardSeconds += o.CardSeconds
+}
+
+func (t *UtilTotals) derive() {
+	t.GPUHours = billing.FormatGPUHours(t.GPUMillis)
+	t.ComputingGPUHours = billing.FormatGPUHours(t.EffectiveGPUMillis)
+	if t.MeasuredGPUMillis > 0 {
+		t.Utilization = float64(t.EffectiveGPUMillis) / float64(t.MeasuredGPUMillis)
+	}
+	t.MemoryGiBHours = t.MemoryByteSeconds / 3600 / (1 << 30)
+	if t.CardSeconds > 0 {
+		t.MeanMemoryBytes = int64(t.MemoryByteSeconds / t.CardSeconds)
+	}
+}
+
+// IdleHolder is a job that held GPU memory while its cards computed under
+// the idle threshold.
+type IdleHolder struct {
+	Job  string `json:"job"`
+	Team string `json:"team"`
+	// IdleCardSeconds is card-time held idle with memory in use.
+	IdleCardSeconds float64 `json:"idleCardSeconds"`
+	// MeanMemoryBytes is the memory held on those cards, on average.
+	MeanMemoryBytes int64     `json:"meanMemoryBytes"`
+	First           time.Time `json:"first"`
+	Last            time.Time `json:"last"`
+
+	memSeconds float64
+}
+
+// IdleCard is a card and how long it computed under the idle threshold.
+type IdleCard struct {
+	Node string `json:"node"`
+	GPU  int    `json:"gpu"`
+	// IdleSeconds is the card-time under the threshold in the period;
+	// HeldIdleSeconds the part of it a job held the card.
+	IdleSeconds     float64 `json:"idleSeconds"`
+	HeldIdleSeconds float64 `json:"heldIdleSeconds"`
+	// LongestIdle is the longest unbroken stretch under the threshold,
+	// ending at LongestIdleEnd.
+	LongestIdleSeconds float64   `json:"longestIdleSeconds"`
+	LongestIdleEnd     time.Time `json:"longestIdleEnd"`
+	// LastHolder is the last job seen holding the card while idle.
+	LastHolder string `json:"lastHolder,omitempty"`
+
+	runStart, runEnd time.Time
+}
+
+// UtilizationReport is the body of GET /v1/reports/utilization.
+type UtilizationReport struct {
+	Period     billing.Period    `json:"period"`
+	Team       string            `json:"team,omitempty"`
+	Currency   string            `json:"currency,omitempty"`
+	Resolution broker.Resolution `json:"resolution"`
+	// Shifts says how hours were cut: the zone, the weekday day hours and
+	// the weekend days.
+	Shifts ShiftRules `json:"shifts"`
+	// IdleThreshold is the compute percent under which a card is idle.
+	IdleThreshold int          `json:"idleThreshold"`
+	Rows          []UtilRow    `json:"rows"`
+	Total         UtilTotals   `json:"total"`
+	IdleHolders   []IdleHolder `json:"idleHolders"`
+	IdleCards     []IdleCard   `json:"idleCards"`
+}
+
+// ShiftRules echo the reports section of the config.
+type ShiftRules struct {
+	TimeZone string   `json:"timeZone"`
+	DayStart int      `json:"dayStart"`
+	DayEnd   int      `json:"dayEnd"`
+	Weekend  []string `json:"weekend"`
+}
+
+// idleMemoryFloor is the memory in use above which an idle card counts as
+// held without computing (a CUDA context alone takes a few hundred MiB).
+const idleMemoryFloor = 1 << 30
+
+// reportListLimit bounds the idle lists.
+const reportListLimit = 20
+
+// utilizationReport serves GET /v1/reports/utilization: JSON, or CSV with
+// ?format=csv (?table=rows, jobs or cards).
+func (s *Server) utilizationReport(c echo.Context) error {
+	team, err := billingTeam(c)
+	if err != nil {
+		return err
+	}
+	period, err := s.billingPeriod(c)
+	if err != nil {
+		return err
+	}
+	res := broker.Resolution(c.QueryParam("resolution"))
+	switch res {
+	case "", broker.Minute, broker.Hour:
+	default:
+		return errBadRequest("resolution", broker.CodeInvalid, "must be m (minute) or h (hour)")
+	}
+	format, table := c.QueryParam("format"), c.QueryParam("table")
+	switch format {
+	case "", "json", "csv":
+	default:
+		return errBadRequest("format", broker.CodeInvalid, "must be json or csv")
+	}
+	switch table {
+	case "", "rows", "jobs", "cards":
+	default:
+		return errBadRequest("table", broker.CodeInvalid, "must be rows, jobs or cards")
+	}
+	rep, err := s.buildUtilization(c.Request().Context(), period, team, res)
+	if err != nil {
+		return err
+	}
+	if format != "csv" {
+		return c.JSON(http.StatusOK, rep)
+	}
+	w := c.Response()
+	w.Header().Set(echo.HeaderContentType, "text/csv; charset=utf-8")
+	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=spillway-utilization-%s.csv", period.Label()))
+	w.WriteHeader(http.StatusOK)
+	return writeUtilizationCSV(w, rep, table)
+}
+
+// shiftPieces cuts [from, to) at every shift change and calls fn with each
+// piece.
+func shiftPieces(r *config.Reports, from, to time.Time, fn func(shift string, s, e time.Time)) {
+	for s := from; s.Before(to); {
+		e := r.NextShiftChange(s)
+		if e.After(to) {
+			e = to
+		}
+		fn(r.ShiftOf(s), s, e)
+		s = e
+	}
+}
+
+// share is the integer part of total that piece [0, upTo] of a span takes
+// cumulatively: successive differences split total exactly.
+func share(total int64, upTo, span time.Duration) int64 {
+	if span <= 0 {
+		return total
+	}
+	return int64(billing.Amount(total).MulDiv(int64(upTo), int64(span)))
+}
+
+// heldCard is one allocation's hold on one card.
+type heldCard struct {
+	job, team, pool, model string
+	start, end             time.Time // end zero: still held
+	milli                  int64     // thousandths of the card
+}
+
+func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team string, res broker.Resolution) (*UtilizationReport, error) {
+	now := s.clock.Now()
+	r := &s.cfg.Reports
+	if res == "" {
+		res = broker.Minute
+		if p.From.Before(now.Add(-s.cfg.Telemetry.MinuteRetention.D() + time.Minute)) {
+			res = broker.Hour
+		}
+	}
+	threshold := s.cfg.Idle.Threshold
+	rep := &UtilizationReport{Period: p, Team: team, Resolution: res, IdleThreshold: threshold, Rows: []UtilRow{},
+		IdleHolders: []IdleHolder{}, IdleCards: []IdleCard{},
+		Shifts: ShiftRules{TimeZone: r.Location().String(), DayStart: *r.DayStart, DayEnd: *r.DayEnd, Weekend: r.Weekend}}
+	type rowKey struct{ team, pool, model, shift string }
+	rows := map[rowKey]*UtilTotals{}
+	row := func(k rowKey) *UtilTotals {
+		t := rows[k]
+		if t == nil {
+			t = &UtilTotals{}
+			rows[k] = t
+		}
+		return t
+	}
+
+	// 1. Allocated and computing GPU-time: the ledger, split by shift.
+	err := broker.Ledger{Store: s.store}.Scan(ctx, p.From, p.To, func(e billing.Entry) error {
+		if team != "" && e.Team != team {
+			return nil
+		}
+		if rep.Currency == "" {
+			rep.Currency = e.Currency
+		}
+		span := e.End.Sub(e.Start)
+		eff, meas := e.EffectiveGPUMillis(), e.MeasuredGPUMillis()
+		var done time.Duration
+		shiftPieces(r, e.Start, e.End, func(shift string, a, b time.Time) {
+			prev, cur := done, done+b.Sub(a)
+			done = cur
+			t := row(rowKey{e.Team, e.Pool.Label(), e.GPUModel, shift})
+			ms := share(e.GPUMillis, cur, span) - share(e.GPUMillis, prev, span)
+			t.GPUMillis += ms
+			if e.Kind == billing.KindOverhead {
+				t.OverheadGPUMillis += ms
+			}
+			t.EffectiveGPUMillis += share(eff, cur, span) - share(eff, prev, span)
+			t.MeasuredGPUMillis += share(meas, cur, span) - share(meas, prev, span)
+			t.Cost += billing.Amount(share(int64(e.Cost), cur, span) - share(int64(e.Cost), prev, span))
+		})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read ledger: %w", err)
+	}
+
+	// 2. Who held which card when.
+	held := map[gpuKey][]heldCard{}
+	err = s.store.View(ctx, func(tx broker.Tx) error {
+		return tx.Scan(BucketAllocHistory, "", fmt.Sprintf("%013d", p.To.UnixMilli()), func(_ string, raw []byte) error {
+			var a broker.AllocRecord
+			if err := json.Unmarshal(raw, &a); err != nil {
+				return fmt.Errorf("decode allocation: %w", err)
+			}
+			if (!a.End.IsZero() && !a.End.After(p.From)) || len(a.GPUs) == 0 {
+				return nil
+			}
+			per := a.GPUMilli / int64(len(a.GPUs))
+			for _, g := range a.GPUs {
+				k := gpuKey{a.Pool.Node, g}
+				held[k] = append(held[k], heldCard{job: a.Job, team: a.Team, pool: a.Pool.Label(), model: a.GPUModel,
+					start: a.Start, end: a.End, milli: per})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read allocations: %w", err)
+	}
+
+	// 3. Memory and idleness: the telemetry, card by card, attributed.
+	width := res.Width()
+	holders := map[string]*IdleHolder{}
+	cards := map[gpuKey]*IdleCard{}
+	err = s.store.View(ctx, func(tx broker.Tx) error {
+		return broker.ScanTelemetry(tx, res, p.From.Add(-width+time.Second), p.To, "", func(pt broker.TelemetryPoint) error {
+			a, b := maxT(pt.Start, p.From), minT(pt.Start.Add(width), p.To, now)
+			if !a.Before(b) {
+				return nil
+			}
+			k := gpuKey{pt.Node, pt.GPU}
+			mid := pt.Start.Add(width / 2)
+			var on []heldCard
+			var total int64
+			for _, h := range held[k] {
+				if !mid.Before(h.start) && (h.end.IsZero() || mid.Before(h.end)) {
+					on = append(on, h)
+					total += h.milli
+				}
+			}
+			secs := b.Sub(a).Seconds()
+			idle := pt.SMUtil < float64(threshold)
+			card := cards[k]
+			if card == nil {
+				card = &IdleCard{Node: pt.Node, GPU: pt.GPU}
+				cards[k] = card
+			}
+			if idle {
+				card.IdleSeconds += secs
+				if len(on) > 0 {
+					card.HeldIdleSeconds += secs
+					card.LastHolder = on[0].job
+				}
+				if !card.runEnd.Equal(a) {
+					card.runStart = a
+				}
+				card.runEnd = b
+				if run := b.Sub(card.runStart).Seconds(); run > card.LongestIdleSeconds {
+					card.LongestIdleSeconds, card.LongestIdleEnd = run, b
+				}
+			}
+			for _, h := range on {
+				f := float64(h.milli) / float64(total)
+				shiftPieces(r, a, b, func(shift string, x, y time.Time) {
+					if team != "" && h.team != team {
+						return
+					}
+					t := row(rowKey{h.team, h.pool, h.model, shift})
+					d := y.Sub(x).Seconds() * f
+					t.MemoryByteSeconds += float64(pt.MemoryUsedBytes) * d
+					t.CardSeconds += d
+				})
+				if idle && pt.MemoryUsedBytes >= idleMemoryFloor && (team == "" || h.team == team) {
+					ih := holders[h.job]
+					if ih == nil {
+						ih = &IdleHolder{Job: h.job, Team: h.team, First: a}
+						holders[h.job] = ih
+					}
+					ih.IdleCardSeconds += secs * f
+					ih.memSeconds += float64(pt.MemoryUsedBytes) * secs * f
+					ih.Last = b
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read telemetry: %w", err)
+	}
+
+	keys := make([]rowKey, 0, len(rows))
+	for k := range rows {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b rowKey) int {
+		return strings.Compare(a.team+"\x00"+a.pool+"\x00"+a.model+"\x00"+a.shift, b.team+"\x00"+b.pool+"\x00"+b.model+"\x00"+b.shift)
+	})
+	for _, k := range keys {
+		t := rows[k]
+		rep.Total.add(*t)
+		t.derive()
+		rep.Rows = append(rep.Rows, UtilRow{Team: k.team, Pool: k.pool, GPUModel: k.model, Shift: k.shift, UtilTotals: *t})
+	}
+	rep.Total.derive()
+	for _, ih := range holders {
+		if ih.IdleCardSeconds > 0 {
+			ih.MeanMemoryBytes = int64(ih.memSeconds / ih.IdleCardSeconds)
+		}
+		rep.IdleHolders = append(rep.IdleHolders, *ih)
+	}
+	slices.SortFunc(rep.IdleHolders, func(a, b IdleHolder) int {
+		return cmpDesc(a.IdleCardSeconds*float64(a.MeanMemoryBytes), b.IdleCardSeconds*float64(b.MeanMemoryBytes), a.Job, b.Job)
+	})
+	rep.IdleHolders = rep.IdleHolders[:min(len(rep.IdleHolders), reportListLimit)]
+	if team == "" {
+		for _, c := range cards {
+			if c.IdleSeconds > 0 {
+				rep.IdleCards = append(rep.IdleCards, *c)
+			}
+		}
+	}
+	slices.SortFunc(rep.IdleCards, func(a, b IdleCard) int {
+		return cmpDesc(a.IdleSeconds, b.IdleSeconds, fmt.Sprintf("%s/%03d", a.Node, a.GPU), fmt.Sprintf("%s/%03d", b.Node, b.GPU))
+	})
+	rep.IdleCards = rep.IdleCards[:min(len(rep.IdleCards), reportListLimit)]
+	return rep, nil
+}
+
+func cmpDesc(a, b float64, ta, tb string) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return strings.Compare(ta, tb)
+}
+
+func maxT(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minT(ts ...time.Time) time.Time {
+	m := ts[0]
+	for _, t := range ts[1:] {
+		if t.Before(m) {
+			m = t
+		}
+	}
+	return m
+}
+
+// writeUtilizationCSV writes one of the report's tables as CSV.
+func writeUtilizationCSV(w http.ResponseWriter, rep *UtilizationReport, table string) error {
+	cw := csv.NewWriter(w)
+	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
+	gib := func(b float64) string { return f(b/(1<<30), 3) }
+	switch table {
+	case "jobs":
+		_ = cw.Write([]string{"job", "team", "idle_card_hours", "mean_memory_gib", "first", "last"})
+		for _, h := range rep.IdleHolders {
+			_ = cw.Write([]string{h.Job, h.Team, f(h.IdleCardSeconds/3600, 3), gib(float64(h.MeanMemoryBytes)),
+				h.First.UTC().Format(time.RFC3339), h.Last.UTC().Format(time.RFC3339)})
+		}
+	case "cards":
+		_ = cw.Write([]string{"node", "gpu", "idle_hours", "held_idle_hours", "longest_idle_hours", "longest_idle_end", "last_holder"})
+		for _, c := range rep.IdleCards {
+			_ = cw.Write([]string{c.Node, strconv.Itoa(c.GPU), f(c.IdleSeconds/3600, 3), f(c.HeldIdleSeconds/3600, 3),
+				f(c.LongestIdleSeconds/3600, 3), c.LongestIdleEnd.UTC().Format(time.RFC3339), c.LastHolder})
+		}
+	default:
+		_ = cw.Write([]string{"team", "pool", "gpu_model", "shift", "gpu_hours_allocated", "gpu_hours_computing", "compute_utilization",
+			"overhead_gpu_hours", "memory_gib_hours", "mean_memory_gib", "cost", "currency"})
+		line := func(team, pool, model, shift string, t UtilTotals) {
+			_ = cw.Write([]string{team, pool, model, shift, t.GPUHours, t.ComputingGPUHours, f(t.Utilization, 4),
+				billing.FormatGPUHours(t.OverheadGPUMillis), f(t.MemoryGiBHours, 3), gib(float64(t.MeanMemoryBytes)), t.Cost.String(), rep.Currency})
+		}
+		for _, r := range rep.Rows {
+			line(r.Team, r.Pool, r.GPUModel, r.Shift, r.UtilTotals)
+		}
+		line("TOTAL", "", "", "", rep.Total)
+	}
+	cw.Flush()
+	return cw.Error()
+}

@@ -1,0 +1,215 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/client"
+	"github.com/spillway-dev/spillway/integration/fakecloud"
+)
+
+// TestBurstToFakeEC2 is the burst path end to end: the on-prem card is
+// taken, a job waits past the minimum, the broker bursts to a fake EC2
+// whose instances are real sshd hosts, bootstraps the real spillway agent
+// there over SSH (host key checked against the console output), the job
+// runs on it, the machine goes idle and is deleted, the ledger shows the
+// cloud GPU-hours and the idle overhead, and the budget shows the spend.
+func TestBurstToFakeEC2(t *testing.T) {
+	fakecloud.RequireSSHD(t)
+	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	c, _ := burstCluster(t, ec2)
+	c.agent("onprem-1", "sim:1xH100-80GB")
+	c.waitNodes(1)
+	ctx := context.Background()
+	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
+		t.Fatal("budget set failed")
+	}
+	release := filepath.Join(c.dir, "release")
+	cl := c.client(tokAlice)
+	hold, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(5 * time.Minute),
+		Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.1; done"}})
+	c.waitJob(hold.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
+	defer os.WriteFile(release, nil, 0o600)
+	burstJobTail(t, c, ec2)
+}
+
+// burstCluster is a broker whose one provider is the fake EC2, with fast
+// burst timings and simulated cards for burst agents.
+func burstCluster(t *testing.T, ec2 *fakecloud.EC2) (*cluster, string) {
+	t.Helper()
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	remote := t.TempDir()
+	t.Cleanup(func() {
+		// Fake machines stop their sshd only; the agent the bootstrap
+		// started in a session of its own would live on.
+		_ = exec.Command("pkill", "-f", remote).Run()
+	})
+	c := newCluster(t, fmt.Sprintf(`billing:
+  slice: 1s
+  onprem:
+    rates:
+      H100: [{perGPUHour: "2.00"}]
+burst:
+  interval: 300ms
+  minWait: 2s
+  idleTTL: 4s
+  reconcileEvery: 2s
+  agentGPUs: sim
+  remoteDir: %s/opt
+  agentDataDir: %s/data
+providers:
+  - aws:
+      name: aws-fake
+      region: us-east-1
+      endpoint: %s
+      imageId: ami-0gpu
+      sshUser: root
+      sshPort: %d
+      instanceTypes:
+        - {name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805"}
+`, remote, remote, ec2.URL, ec2.SSHPort()))
+	return c, remote
+}
+
+func burstJobTail(t *testing.T, c *cluster, ec2 *fakecloud.EC2) {
+	ctx := context.Background()
+	out, errOut, code := c.cli(tokAlice, "run", "--gpus", "1", "--time", "5m", "--wait", "--",
+		"sh", "-c", "echo running on $(hostname) with $CUDA_VISIBLE_DEVICES; sleep 2")
+	if code != 0 {
+		t.Fatalf("burst job: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	t.Logf("spillway run --wait printed:\n%s", errOut)
+	for _, step := range []string{"before bursting", "burst in progress", "provisioning"} {
+		if !strings.Contains(errOut, step) {
+			t.Errorf("run --wait did not show %q:\n%s", step, errOut)
+		}
+	}
+	if !regexp.MustCompile(`with GPU-[0-9a-f-]+`).MatchString(out) {
+		t.Fatalf("job output %q", out)
+	}
+	insts, err := c.client(tokAdmin).Instances(ctx)
+	if err != nil || len(insts) != 1 {
+		t.Fatalf("instances %v %v", insts, err)
+	}
+	id := insts[0].ID
+	descr, _, _ := c.cli(tokAdmin, "instances", "describe", id)
+	for _, want := range []string{"upload", "registered", "host key SHA256:"} {
+		if !strings.Contains(descr, want) {
+			t.Errorf("describe lacks %q:\n%s", want, descr)
+		}
+	}
+	// Idle, then deleted.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		v, err := c.client(tokAdmin).Instance(ctx, id)
+		if err == nil && v.State == "terminated" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	v, _ := c.client(tokAdmin).Instance(ctx, id)
+	if v.State != "terminated" {
+		t.Fatalf("machine %s did not end: %s %s", id, v.State, v.Reason)
+	}
+	if ec2.Calls("TerminateInstances") == 0 {
+		t.Fatal("no TerminateInstances call")
+	}
+	time.Sleep(2500 * time.Millisecond) // the last slices
+	rep, err := c.client(tokAdmin).Usage(ctx, client.BillingQuery{By: "pool-kind,kind"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, row := range rep.Rows {
+		got[strings.Join(row.Key, "/")] = row.GPUMillis
+	}
+	if got["cloud/usage"] < 2000 || got["cloud/overhead"] < 2000 {
+		t.Fatalf("ledger by pool kind and kind: %v", got)
+	}
+	bs, err := c.client(tokAdmin).Budgets(ctx)
+	if err != nil || len(bs) != 1 || bs[0].Spent <= 0 || bs[0].Reserved != 0 {
+		t.Fatalf("budget after the burst: %+v %v", bs, err)
+	}
+	var cloudCost billing.Amount
+	for _, row := range rep.Rows {
+		if row.Key[0] == "cloud" {
+			cloudCost += row.Cost
+		}
+	}
+	if bs[0].Spent != cloudCost {
+		t.Fatalf("budget spent %s, ledger cloud cost %s", bs[0].Spent, cloudCost)
+	}
+}
+
+// TestBurstHostKeySwapped: the machine answers SSH with a host key other
+// than the one the cloud's console output vouches for. Nothing runs on it
+// (no login is accepted, the remote dir is never made), the record fails
+// with the reason, the machine is deleted, and the job goes back to the
+// queue.
+func TestBurstHostKeySwapped(t *testing.T) {
+	fakecloud.RequireSSHD(t)
+	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 1500 * time.Millisecond})
+	c, remote := burstCluster(t, ec2)
+	ctx := context.Background()
+	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
+		t.Fatal("budget set failed")
+	}
+	// No owned cards at all: the job bursts as soon as it has waited.
+	j, err := c.client(tokAlice).SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(time.Minute),
+		Command: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// While the instance boots, its console starts vouching for another key.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(ec2.Instances()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(ec2.Instances()) == 0 {
+		t.Fatal("no instance launched")
+	}
+	_, bogus, err := fakecloud.GenerateHostKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := ec2.Instances()[0]
+	ec2.PublishHostKey(inst.ID, bogus)
+	for time.Now().Before(deadline.Add(20 * time.Second)) {
+		list, _ := c.client(tokAdmin).Instances(ctx)
+		if len(list) == 1 && list[0].State == "failed" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	list, _ := c.client(tokAdmin).Instances(ctx)
+	if len(list) != 1 || list[0].State != "failed" || !strings.Contains(list[0].Reason, "host key mismatch") {
+		t.Fatalf("instances %+v", list)
+	}
+	if ec2.Calls("TerminateInstances") == 0 {
+		t.Fatal("the machine was not deleted")
+	}
+	if _, err := os.Stat(filepath.Join(remote, "opt")); err == nil {
+		t.Fatal("the bootstrap made its remote dir on a machine whose host key did not match")
+	}
+	if log := inst.SSHD.Log(); strings.Contains(log, "Accepted publickey") {
+		t.Fatalf("sshd accepted a login:\n%s", log)
+	}
+	got, _ := c.client(tokAlice).Job(ctx, j.ID)
+	if got.State != broker.StatePending && got.State != broker.StateProvisioning {
+		t.Fatalf("job %s after the failed burst", got.State)
+	}
+}
