@@ -21,12 +21,12 @@ import (
 // (docs/sim.md; deploy/sim/cluster.yaml is the standard scenario).
 type ClusterFile struct {
 	// Broker is a broker config (docs/config.md): the simulator reads its
-	// scheduler, queues, priorities and teams exactly as the server does.
+	// scheduler, queues, priorities, teams and burst policy exactly as the
+	// server does.
 	Broker json.RawMessage `json:"broker,omitempty"`
 	// Nodes are the on-prem node groups.
 	Nodes []NodeGroup `json:"nodes"`
-	// Burst is the burst controller's configuration (the spillway policy)
-	// and the simulated providers' behaviour.
+	// Burst is how the simulated providers behave.
 	Burst BurstFile `json:"burst,omitempty"`
 	// Offers are what the simulated providers can launch.
 	Offers []OfferFile `json:"offers,omitempty"`
@@ -56,33 +56,16 @@ type NodeGroup struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
-// BurstFile is burst.Policy in config form, plus the providers' behaviour.
+// BurstFile is how the simulated providers behave. The burst policy
+// itself (threshold, minimum wait, caps, idle TTL, lifetime, per-queue
+// overrides, the decision interval) is the broker config's burst section.
 type BurstFile struct {
-	Threshold              *float64                  `json:"threshold,omitempty"`
-	Hysteresis             *float64                  `json:"hysteresis,omitempty"`
-	MinWait                *broker.Duration          `json:"minWait,omitempty"`
-	MaxInFlight            int                       `json:"maxInFlight,omitempty"`
-	MaxInFlightPerProvider int                       `json:"maxInFlightPerProvider,omitempty"`
-	IdleTTL                broker.Duration           `json:"idleTTL,omitempty"`
-	MaxLifetime            broker.Duration           `json:"maxLifetime,omitempty"`
-	Queues                 map[string]BurstQueueFile `json:"queues,omitempty"`
 	// LeadTime is from launch to a registered agent, for offers that do
 	// not set their own.
 	LeadTime LeadTime `json:"leadTime,omitempty"`
 	// CapacityFailureRate is the chance that one create call fails for
-	// lack of capacity (0..1).
+	// lack of capacity (0..1); the launch then tries the next offer.
 	CapacityFailureRate float64 `json:"capacityFailureRate,omitempty"`
-	// CapacityBackoff is how long an offer that failed for capacity is
-	// reported unavailable.
-	CapacityBackoff broker.Duration `json:"capacityBackoff,omitempty"`
-}
-
-// BurstQueueFile is burst.QueuePolicy in config form.
-type BurstQueueFile struct {
-	Threshold  float64         `json:"threshold,omitempty"`
-	MinWait    broker.Duration `json:"minWait,omitempty"`
-	WaitTarget broker.Duration `json:"waitTarget,omitempty"`
-	Never      bool            `json:"never,omitempty"`
 }
 
 // LeadTime is a log-normal distribution of launch lead times, fitted to
@@ -137,15 +120,15 @@ type StarburstFile struct {
 
 // Cluster is a checked cluster config, ready to simulate.
 type Cluster struct {
-	Config   *config.Config
-	Groups   []NodeGroup
+	Config *config.Config
+	Groups []NodeGroup
+	// Burst is the spillway policy: the broker config's burst section.
 	Burst    burst.Policy
 	LeadTime LeadTime
 	// OfferLead is each offer's lead time, by offer key.
 	OfferLead           map[string]LeadTime
 	Offers              []providers.Offer
 	CapacityFailureRate float64
-	CapacityBackoff     time.Duration
 	Currency            string
 	Budgets             map[string]billing.Amount
 	Overhead            billing.OverheadPolicy
@@ -229,75 +212,15 @@ func ParseCluster(raw []byte) (*Cluster, error) {
 		}
 	}
 
-	b := burst.DefaultPolicy()
 	bf := f.Burst
-	if bf.Threshold != nil {
-		b.Threshold = *bf.Threshold
-	}
-	if bf.Hysteresis != nil {
-		b.Hysteresis = *bf.Hysteresis
-	}
-	if bf.MinWait != nil {
-		b.MinWait = bf.MinWait.D()
-	}
-	if bf.MaxInFlight != 0 {
-		b.MaxInFlight = bf.MaxInFlight
-	}
-	if bf.MaxInFlightPerProvider != 0 {
-		b.MaxInFlightPerProvider = bf.MaxInFlightPerProvider
-	}
-	if bf.IdleTTL != 0 {
-		b.IdleTTL = bf.IdleTTL.D()
-	}
-	if bf.MaxLifetime != 0 {
-		b.MaxLifetime = bf.MaxLifetime.D()
-	}
-	if b.Threshold < 0 || b.Threshold > 1 {
-		add("burst.threshold", broker.CodeOutOfRange, "must be between 0 and 1, got %g", b.Threshold)
-	}
-	if b.Hysteresis < 0 || b.Hysteresis > b.Threshold {
-		add("burst.hysteresis", broker.CodeOutOfRange, "must be between 0 and the threshold, got %g", b.Hysteresis)
-	}
-	if b.MaxInFlight < 1 || b.MaxInFlightPerProvider < 1 {
-		add("burst.maxInFlight", broker.CodeOutOfRange, "maxInFlight and maxInFlightPerProvider must be at least 1")
-	}
-	if b.IdleTTL < time.Second {
-		add("burst.idleTTL", broker.CodeOutOfRange, "must be at least 1s")
-	}
-	if b.MaxLifetime < time.Hour {
-		add("burst.maxLifetime", broker.CodeOutOfRange, "must be at least 1h")
-	}
 	if cfg != nil {
-		b.Priorities = map[string]int{}
-		for _, pr := range cfg.Priorities {
-			b.Priorities[pr.Name] = pr.Value
-		}
+		c.Burst = cfg.BurstPolicy()
 	}
-	for _, q := range sortedKeys(bf.Queues) {
-		qf := bf.Queues[q]
-		if cfg != nil {
-			if _, ok := cfg.Queue(q); !ok {
-				add("burst.queues."+q, broker.CodeInvalid, "no queue %q in broker.queues", q)
-			}
-		}
-		if qf.Threshold < 0 || qf.Threshold > 1 {
-			add("burst.queues."+q+".threshold", broker.CodeOutOfRange, "must be between 0 and 1")
-		}
-		if b.Queues == nil {
-			b.Queues = map[string]burst.QueuePolicy{}
-		}
-		b.Queues[q] = burst.QueuePolicy{Threshold: qf.Threshold, MinWait: qf.MinWait.D(), WaitTarget: qf.WaitTarget.D(), Never: qf.Never}
-	}
-	c.Burst = b
 	c.LeadTime = leadDefaults(bf.LeadTime, LeadTime{P50: broker.Duration(2 * time.Minute), P99: broker.Duration(25 * time.Minute), Max: broker.Duration(30 * time.Minute)})
 	checkLead(add, "burst.leadTime", c.LeadTime)
 	c.CapacityFailureRate = bf.CapacityFailureRate
 	if c.CapacityFailureRate < 0 || c.CapacityFailureRate >= 1 {
 		add("burst.capacityFailureRate", broker.CodeOutOfRange, "must be at least 0 and below 1, got %g", c.CapacityFailureRate)
-	}
-	c.CapacityBackoff = bf.CapacityBackoff.D()
-	if c.CapacityBackoff == 0 {
-		c.CapacityBackoff = 10 * time.Minute
 	}
 
 	keys := map[string]bool{}

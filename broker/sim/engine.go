@@ -6,17 +6,18 @@
 //
 // The replay is a discrete-event loop on one goroutine. Events are job
 // arrivals, job ends (start + remaining work), checkpointed exits of
-// preempted jobs, burst machines becoming ready (launch + a drawn lead
-// time) and timers (a minimum wait running out, an idle machine reaching
-// its TTL, an offer's capacity backoff ending, a job reaching the
-// starvation age, a month's budget resetting). After the events of one
-// instant, one cycle runs, as the broker runs one after a submit or a
+// stopped jobs, burst machines becoming ready (launch + a drawn lead
+// time), burst ticks and timers. After the events of one instant, one
+// scheduling cycle runs, as the broker runs one after a submit or a
 // freed GPU: fair-share usage advanced, a snapshot, sched.Schedule, the
-// plan applied the way broker/server applies it, then burst.Decide on
-// the plan's burst demand and its decision carried out. Randomness (lead
-// times, capacity failures) comes from generators seeded by Options.Seed,
-// so a seed gives the same report to the bit. docs/sim.md has the model
-// and what it leaves out.
+// plan applied as broker/server applies it. The burst controller decides
+// on its own grid (burst.interval), as the broker's burst loop does: an
+// input built from the jobs and machines as broker/server builds it,
+// burst.Decide, and the decision carried out — launches with budget
+// reservations and jobs bound to the machine, binds, drains and
+// scale-downs, idle marks. Randomness (lead times, capacity failures)
+// comes from generators seeded by Options.Seed, so a seed gives the same
+// report to the bit. docs/sim.md has the model and what it leaves out.
 package sim
 
 import (
@@ -64,12 +65,15 @@ type sjob struct {
 	firstStart time.Time
 	onPrem     int      // GPUs of the current attempt on on-prem nodes
 	on         *machine // burst machine of the current attempt
-	// bound is the in-flight burst machine the job waits for.
+	// bound is the burst machine the job waits for (state provisioning).
 	bound         *machine
 	minWait       time.Duration
-	preemptions   int
 	burstStarts   int
 	budgetBlocked bool
+	// why and est are the scheduler's last pending reason for the job,
+	// which the burst input carries (EstimatedStart, Why).
+	why string
+	est *time.Time
 }
 
 type evKind uint8
@@ -78,7 +82,9 @@ const (
 	evFinish  evKind = iota // a job's work is done
 	evStopped               // a stopped job has checkpointed and exited
 	evReady                 // a burst machine's agent registered
-	evWake                  // a timer
+	evWake                  // a scheduling timer
+	evTimeout               // a running job reaches its timeout
+	evBurst                 // a burst decision is due
 )
 
 type event struct {
@@ -100,26 +106,40 @@ type engine struct {
 	lead   *rand.Rand
 	capRNG *rand.Rand
 
+	start  time.Time
 	now    time.Time
 	events []event
 	seq    uint64
-	// wakeAt is the armed timer; nextWake collects the earliest wanted
-	// during a cycle.
-	wakeAt   time.Time
-	nextWake time.Time
+	// wakeAt and burstAt are the armed scheduling timer and burst tick;
+	// nextWake and nextBurst collect the earliest wanted during an
+	// instant.
+	wakeAt, nextWake   time.Time
+	burstAt, nextBurst time.Time
+	// every is the burst controller's interval.
+	every time.Duration
 
-	jobs    []*sjob
-	byID    map[string]*sjob
-	next    int // next job to arrive
-	live    []*sjob
-	pending int
+	jobs         []*sjob
+	byID         map[string]*sjob
+	next         int // next job to arrive
+	live         []*sjob
+	pending      int
+	provisioning int
 	// timeoutDue is set by a timer at a running job's timeout.
 	timeoutDue bool
+	// heldLimits: some team or project has a quota or some queue a
+	// reservation, so GPUs held anywhere count in scheduling decisions.
+	heldLimits bool
+	// fullSnapshot gives the scheduler every node and job even when
+	// heldLimits is false (for the test that the two agree).
+	fullSnapshot bool
 
-	nodes      []*broker.Node
-	onPremGPUs int
-	onPremHeld int
-	largest    int
+	// nodes are the on-prem nodes (the first onPremNodes), then the
+	// nodes of ready burst machines.
+	nodes       []*broker.Node
+	onPremNodes int
+	onPremGPUs  int
+	onPremHeld  int
+	largest     int
 
 	// alive are the machines not yet ended, in id order; nMachines counts
 	// launches.
@@ -127,7 +147,6 @@ type engine struct {
 	nMachines int
 	byNode    map[string]*machine
 	active    bool
-	offerDown map[string]time.Time
 	// committed is spent + reserved per month (UTC) and scope.
 	committed map[time.Time]map[string]billing.Amount
 	usage     usageLedger
@@ -167,14 +186,21 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 		lead:   rand.New(rand.NewPCG(opt.Seed, 0x6c656164)), // "lead"
 		capRNG: rand.New(rand.NewPCG(opt.Seed, 0x63617061)), // "capa"
 		byID:   make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
-		offerDown: map[string]time.Time{}, committed: map[time.Time]map[string]billing.Amount{},
+		committed: map[time.Time]map[string]billing.Amount{}, every: c.Config.Burst.Interval.D(),
 		largest: c.LargestNode(), res: &Result{Policy: p.Name},
 	}
 	start := tr.Jobs[0].Submit
-	e.now = start
+	e.start, e.now = start, start
 	e.nodes = c.nodes(start)
+	e.onPremNodes = len(e.nodes)
 	e.onPremGPUs = c.OnPremGPUs()
 	e.usage = newUsageLedger(e.policy.FairShareHalfLife, start)
+	for _, t := range e.policy.Teams {
+		e.heldLimits = e.heldLimits || t.Quota != nil || len(t.Projects) > 0
+	}
+	for _, q := range e.policy.Queues {
+		e.heldLimits = e.heldLimits || q.Reserved > 0
+	}
 	nodeCount := 0
 	for _, g := range c.Groups {
 		nodeCount += g.Count
@@ -260,7 +286,8 @@ func (e *engine) nextTime() (time.Time, bool) {
 	return t, ok
 }
 
-// loop runs the replay: the events of each instant, then one cycle.
+// loop runs the replay: the events of each instant, then a scheduling
+// cycle if anything changed, then a burst decision if one is due.
 func (e *engine) loop() {
 	for {
 		t, ok := e.nextTime()
@@ -268,19 +295,32 @@ func (e *engine) loop() {
 			return
 		}
 		e.now = t
-		effective := false
+		effective, decide := false, false
 		for e.next < len(e.jobs) && e.jobs[e.next].t.Submit.Equal(t) {
 			e.arrive(e.jobs[e.next])
 			e.next++
 			effective = true
 		}
 		for len(e.events) > 0 && e.events[0].at.Equal(t) {
-			if e.handle(e.pop()) {
+			ev := e.pop()
+			if ev.kind == evBurst {
+				decide = decide || ev.at.Equal(e.burstAt)
+				continue
+			}
+			if e.handle(ev) {
 				effective = true
 			}
 		}
 		if effective {
 			e.cycle()
+		}
+		if decide {
+			e.burstAt = time.Time{}
+			e.burst()
+		}
+		if effective || decide || !e.nextBurst.IsZero() {
+			e.rec.sample(e)
+			e.arm()
 		}
 		if e.next == len(e.jobs) && len(e.live) == 0 && len(e.alive) == 0 {
 			return
@@ -319,9 +359,18 @@ func (e *engine) handle(ev event) bool {
 		if sj.j.Attempt != ev.attempt || !sj.j.State.Holding() {
 			return false
 		}
+		m := sj.on
 		e.release(sj)
 		sj.j.Transit(e.now, broker.StateSucceeded, "exited", "exit code 0")
 		e.retire(sj)
+		if m != nil && len(m.bound) == 0 && !e.heldLimits {
+			// Cards freed on a burst machine no job waits for change no
+			// decision of the scheduler's (it places nothing else there,
+			// and no quota or queue reservation counts them): only the
+			// burst controller's, at its next tick.
+			e.wantBurst(e.now)
+			return false
+		}
 		return true
 	case evStopped:
 		sj := ev.job
@@ -347,14 +396,13 @@ func (e *engine) handle(ev event) bool {
 	case evReady:
 		e.ready(ev.m)
 		return true
-	case evWake:
-		if ev.job != nil { // a running job's timeout
-			if ev.job.j.Attempt == ev.attempt && ev.job.j.State.Holding() {
-				e.timeoutDue = true
-				return true
-			}
-			return false
+	case evTimeout:
+		if ev.job.j.Attempt == ev.attempt && ev.job.j.State.Holding() {
+			e.timeoutDue = true
+			return true
 		}
+		return false
+	case evWake:
 		return ev.at.Equal(e.wakeAt)
 	}
 	return false
@@ -372,9 +420,6 @@ func (e *engine) release(sj *sjob) {
 			Job: sj.t.ID, Attempt: sj.j.Attempt, Team: sj.t.Team, Queue: sj.t.Queue, Pool: machinePool(m),
 			GPUModel: m.offer.GPUModel, Spot: m.offer.Spot, GPUMilli: int64(gpus) * 1000, Start: sj.runFrom, End: e.now,
 		})
-		if len(m.running) == 0 && len(m.bound) == 0 {
-			m.idleSince = e.now
-		}
 		sj.on = nil
 	}
 	e.usage.release(sj.t.Team, gpus, sj.runFrom, e.now)
@@ -402,42 +447,92 @@ func removeJob(js []*sjob, sj *sjob) []*sjob {
 	return js
 }
 
-// cycle is one scheduling cycle at e.now: the scheduler core, its plan
-// applied, then the burst decision.
+// cycle is one scheduling cycle at e.now: the scheduler core and its
+// plan applied. The burst controller decides at its next tick.
 func (e *engine) cycle() {
 	e.res.Cycles++
 	e.usage.advance(e.now)
-	var plan sched.Plan
-	// A cycle with nothing pending and no timeout due has an empty plan:
+	// A cycle with nothing waiting and no timeout due has an empty plan:
 	// the core is skipped, not its decision.
-	if e.pending > 0 || e.timeoutDue {
+	if e.pending > 0 || e.timeoutDue || e.boundToReady() {
 		e.timeoutDue = false
 		e.res.SchedulerCycles++
 		e.snap.Now = e.now
 		e.snap.Policy = e.policy
+		e.snapshot()
+		e.snap.Usage = e.usage.values(e.snap.Usage)
+		plan := e.core.Schedule(&e.snap)
+		e.apply(&plan)
+	}
+	e.wantBurst(e.now)
+}
+
+// snapshot fills the scheduler's input: every node and non-terminal job,
+// as the broker's snapshot has them — except, unless some limit counts
+// GPUs held anywhere (heldLimits), the burst machines no bound job waits
+// for and the jobs running on them. The scheduler places nothing on a
+// burst node but the jobs bound to it, finds preemption victims only where
+// the preemptor can run (on-prem), and without quotas or queue
+// reservations counts held GPUs nowhere else, so its plan is the same;
+// TestSnapshotWithoutIdleBurstNodes checks that it is.
+func (e *engine) snapshot() {
+	e.snap.Jobs = e.snap.Jobs[:0]
+	if e.heldLimits || e.fullSnapshot {
 		e.snap.Nodes = e.nodes
-		e.snap.Jobs = e.snap.Jobs[:0]
 		for _, sj := range e.live {
 			e.snap.Jobs = append(e.snap.Jobs, sj.j)
 		}
-		e.snap.Usage = e.usage.values(e.snap.Usage)
-		plan = e.core.Schedule(&e.snap)
-		e.apply(&plan)
+		return
 	}
-	e.burst(&plan)
-	e.rec.sample(e)
-	e.setWake()
+	e.snap.Nodes = append(e.snap.Nodes[:0], e.nodes[:e.onPremNodes]...)
+	for _, m := range e.alive {
+		if m.node != nil && len(m.bound) > 0 {
+			e.snap.Nodes = append(e.snap.Nodes, m.node)
+		}
+	}
+	for _, sj := range e.live {
+		if m := sj.on; m != nil && len(m.bound) == 0 {
+			continue
+		}
+		e.snap.Jobs = append(e.snap.Jobs, sj.j)
+	}
+}
+
+// boundToReady reports whether a job waits for a machine that is ready:
+// the only work of a cycle with nothing pending (sched's placeBound).
+func (e *engine) boundToReady() bool {
+	if e.provisioning == 0 {
+		return false
+	}
+	for _, m := range e.alive {
+		if m.state == burst.Ready && len(m.bound) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // apply carries a plan out as broker/server's applyLocked does, with
-// simulated agents that start jobs at once and report their ends.
+// simulated agents that start jobs at once and report their ends. Jobs
+// the burst controller bound to a machine (provisioning) start on it
+// through the same plan (sched's placeBound).
 func (e *engine) apply(plan *sched.Plan) {
 	for _, st := range plan.Starts {
 		sj := e.byID[st.Job]
-		if sj == nil || sj.j.State != broker.StatePending {
+		if sj == nil || (sj.j.State != broker.StatePending && sj.j.State != broker.StateProvisioning) {
 			continue
 		}
 		j := sj.j
+		if j.State == broker.StateProvisioning {
+			e.provisioning--
+			if sj.bound != nil {
+				sj.bound.bound = removeJob(sj.bound.bound, sj)
+				sj.bound.dropJob(sj)
+				sj.bound = nil
+			}
+		} else {
+			e.pending--
+		}
 		j.Attempt++
 		j.Placements = st.Placements
 		j.Pending, j.Stop, j.NotBefore = nil, nil, nil
@@ -445,90 +540,97 @@ func (e *engine) apply(plan *sched.Plan) {
 		t := e.now
 		j.StartedAt = &t
 		j.Transit(e.now, broker.StateRunning, "started", "")
-		e.pending--
+		sj.why, sj.est = "", nil
 		sj.runFrom = e.now
 		if sj.firstStart.IsZero() {
 			sj.firstStart = e.now
 		} else {
 			e.res.Resumptions++
 		}
-		if sj.bound != nil {
-			e.unbind(sj)
-		}
-		onBurst := false
 		for _, p := range st.Placements {
 			if m := e.byNode[p.Node]; m != nil {
 				if sj.on == nil {
 					sj.on = m
 					m.running = append(m.running, sj)
 					m.addJob(sj)
-					m.idleSince = time.Time{}
 				}
-				onBurst = true
 			} else {
 				sj.onPrem += len(p.GPUs)
 			}
 		}
 		e.onPremHeld += sj.onPrem
 		e.usage.hold(sj.t.Team, j.TotalGPUs())
-		if onBurst {
+		if sj.on != nil {
 			sj.burstStarts++
 		}
 		if e.opt.RecordStarts {
-			e.res.Starts = append(e.res.Starts, Start{Job: j.ID, At: e.now, Attempt: j.Attempt, Nodes: j.Nodes(), Burst: onBurst})
+			e.res.Starts = append(e.res.Starts, Start{Job: j.ID, At: e.now, Attempt: j.Attempt, Nodes: j.Nodes(), Burst: sj.on != nil})
 		}
 		e.push(event{at: e.now.Add(sj.remaining), kind: evFinish, job: sj, attempt: j.Attempt})
 		if to := j.Spec.Timeout.D(); to > 0 && sj.remaining > to {
-			e.push(event{at: e.now.Add(to), kind: evWake, job: sj, attempt: j.Attempt})
+			e.push(event{at: e.now.Add(to), kind: evTimeout, job: sj, attempt: j.Attempt})
 		}
 	}
 	for _, st := range plan.Stops {
-		sj := e.byID[st.Job]
-		if sj == nil || sj.j.Stop != nil || !sj.j.State.Holding() {
-			continue
+		if sj := e.byID[st.Job]; sj != nil {
+			e.stop(sj, st.Reason, st.Detail, "scheduler")
 		}
-		j := sj.j
-		j.Stop = &broker.StopRequest{Reason: st.Reason, Detail: st.Detail, Signal: j.Spec.Checkpoint.Signal,
-			Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: e.now, By: "scheduler"}
-		if st.Reason == sched.StopPreempted {
-			sj.preemptions++
-			e.res.Preemptions++
+	}
+	for _, pe := range plan.Pending {
+		if sj := e.byID[pe.Job]; sj != nil {
+			sj.why, sj.est = pe.Reason.Code, pe.Reason.EstimatedStart
 		}
-		e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: j.Attempt})
 	}
 }
 
-// wantWake records a time at which a timer should run a cycle.
-func (e *engine) wantWake(t time.Time) {
-	if !t.After(e.now) {
+// stop asks a holding job to stop: the simulated job saves its work at
+// the signal and exits CheckpointTime later.
+func (e *engine) stop(sj *sjob, reason, detail, by string) {
+	j := sj.j
+	if j.Stop != nil || !j.State.Holding() {
 		return
 	}
-	if e.nextWake.IsZero() || t.Before(e.nextWake) {
+	j.Stop = &broker.StopRequest{Reason: reason, Detail: detail, Signal: j.Spec.Checkpoint.Signal,
+		Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: e.now, By: by}
+	if reason == sched.StopPreempted {
+		e.res.Preemptions++
+	}
+	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: j.Attempt})
+}
+
+// wantWake asks for a scheduling cycle at t.
+func (e *engine) wantWake(t time.Time) {
+	if t.After(e.now) && (e.nextWake.IsZero() || t.Before(e.nextWake)) {
 		e.nextWake = t
 	}
 }
 
-// setWake arms the earliest timer that could change a decision: an idle
-// machine reaching its TTL or a machine its lifetime, an offer's capacity
-// backoff ending, a pending job reaching the starvation age, a new month
-// for jobs held by a budget (minimum waits were noted by burst).
-func (e *engine) setWake() {
-	p := e.pol.Burst
+// wantBurst asks for a burst decision at the controller's first tick at
+// or after t (ticks fall every burst.interval from the replay's start).
+func (e *engine) wantBurst(t time.Time) {
+	if e.pol.NoOffers {
+		return // no provider: the broker's burst loop does not run
+	}
+	if t.Before(e.now) {
+		t = e.now
+	}
+	if !e.nextBurst.IsZero() && !t.Before(e.nextBurst) {
+		return
+	}
+	if k := t.Sub(e.start) % e.every; k != 0 {
+		t = t.Add(e.every - k)
+	}
+	if e.nextBurst.IsZero() || t.Before(e.nextBurst) {
+		e.nextBurst = t
+	}
+}
 
-	for _, m := range e.alive {
-		if m.state != burst.Ready {
-			continue
-		}
-		if p.MaxLifetime > 0 {
-			e.wantWake(m.launched.Add(p.MaxLifetime))
-		}
-		if len(m.jobIDs) == 0 && !m.idleSince.IsZero() {
-			e.wantWake(m.idleSince.Add(p.IdleTTL))
-		}
-	}
-	for _, until := range e.offerDown {
-		e.wantWake(until)
-	}
+// arm sets the timers after an instant: a scheduling cycle when a pending
+// job reaches the starvation age (or one was asked for), and a burst tick
+// for what the controller waits on — minimum waits (noted by burst), an
+// idle machine's TTL, a machine's lifetime, a new budget month for jobs a
+// budget holds back.
+func (e *engine) arm() {
 	if age := e.policy.StarvationAge; age > 0 && e.pending > 0 {
 		for _, sj := range e.live {
 			if sj.j.State == broker.StatePending {
@@ -536,12 +638,34 @@ func (e *engine) setWake() {
 			}
 		}
 	}
-	if e.res.BudgetBlockedJobs > 0 && e.pending > 0 {
-		e.wantWake(billing.MonthOf(e.now, time.UTC).To)
-	}
-	if w := e.nextWake; !w.IsZero() && !w.Equal(e.wakeAt) {
+	if w := e.nextWake; !w.IsZero() && (e.wakeAt.IsZero() || !e.wakeAt.After(e.now) || w.Before(e.wakeAt)) {
 		e.wakeAt = w
 		e.push(event{at: w, kind: evWake})
 	}
 	e.nextWake = time.Time{}
+
+	p := e.pol.Burst
+	lifetime := p.MaxLifetime > 0
+	for _, m := range e.alive {
+		if m.state != burst.Ready {
+			continue
+		}
+		// Machines are in launch order: the first ready one reaches its
+		// lifetime first.
+		if lifetime {
+			e.wantBurst(m.launched.Add(p.MaxLifetime))
+			lifetime = false
+		}
+		if !m.idleSince.IsZero() {
+			e.wantBurst(m.idleSince.Add(p.IdleTTL))
+		}
+	}
+	if e.res.BudgetBlockedJobs > 0 && e.pending > 0 {
+		e.wantBurst(billing.MonthOf(e.now, time.UTC).To)
+	}
+	if b := e.nextBurst; !b.IsZero() && (e.burstAt.IsZero() || !e.burstAt.After(e.now) || b.Before(e.burstAt)) {
+		e.burstAt = b
+		e.push(event{at: b, kind: evBurst})
+	}
+	e.nextBurst = time.Time{}
 }

@@ -13,7 +13,8 @@ import (
 	"github.com/spillway-dev/spillway/providers"
 )
 
-// machine is a simulated burst machine.
+// machine is a simulated burst machine: the broker's instance record and
+// the provider's machine in one.
 type machine struct {
 	id       string
 	offer    providers.Offer
@@ -24,9 +25,9 @@ type machine struct {
 	readyAt  time.Time
 	ended    time.Time
 	node     *broker.Node
-	// bound are pending jobs waiting for the machine while it boots;
-	// running the jobs holding its cards; jobIDs the ids of both, as the
-	// burst decision's Machine.Jobs.
+	// bound are the jobs waiting for the machine (provisioning); running
+	// the jobs holding its cards; jobIDs the ids of both, as the burst
+	// decision's Machine.Jobs (kept sorted).
 	bound   []*sjob
 	running []*sjob
 	jobIDs  []string
@@ -34,76 +35,65 @@ type machine struct {
 	used      int
 	idleSince time.Time
 	allocs    []billing.Allocation
-	reserved  billing.Amount
-	resMonth  time.Time
+	// reserved is the budget reservation (projected cost) made in resMonth.
+	reserved billing.Amount
+	resMonth time.Time
 }
 
 func (m *machine) addJob(sj *sjob) {
-	m.jobIDs = append(m.jobIDs, sj.t.ID)
-	m.used += sj.j.TotalGPUs()
+	i, _ := slices.BinarySearch(m.jobIDs, sj.t.ID)
+	m.jobIDs = slices.Insert(m.jobIDs, i, sj.t.ID)
+	m.used += sj.j.Spec.Resources.GPUs
 }
 
 func (m *machine) dropJob(sj *sjob) {
-	if i := slices.Index(m.jobIDs, sj.t.ID); i >= 0 {
+	if i, ok := slices.BinarySearch(m.jobIDs, sj.t.ID); ok {
 		m.jobIDs = slices.Delete(m.jobIDs, i, i+1)
 	}
-	m.used -= sj.j.TotalGPUs()
+	m.used -= sj.j.Spec.Resources.GPUs
 }
 
 // burstInput is the burst decision's input, its buffers reused from
-// cycle to cycle (Decide keeps none of them).
+// decision to decision (Decide keeps none of them).
 type burstInput struct {
 	in       burst.Input
 	offers   []providers.Offer
-	keys     []string
 	machines []burst.Machine
 }
 
-// burst runs the burst decision on the plan's demand, as the broker's
-// burst controller does after a cycle, and carries the decision out.
-func (e *engine) burst(plan *sched.Plan) {
+// burst is one burst decision, built and carried out as broker/server's
+// BurstCycle does (burstInputLocked, applyBurstLocked).
+func (e *engine) burst() {
+	e.res.BurstDecisions++
 	bi := &e.bin
 	in := &bi.in
 	*in = burst.Input{Now: e.now, Policy: e.pol.Burst, OnPremGPUs: e.onPremGPUs, OnPremAllocated: e.onPremHeld,
 		Currency: e.c.Currency, Active: e.active, Pending: in.Pending[:0], Machines: bi.machines[:0], Budgets: in.Budgets}
-	for _, d := range plan.BurstDemand {
-		sj := e.byID[d.Job]
-		bj := burst.Job{ID: d.Job, Team: d.Team, Queue: d.Queue, Priority: d.Priority, Burst: d.Burst,
-			Preemptible: d.Preemptible, GPUs: d.GPUs, Nodes: d.Nodes, GPUModel: d.GPUModel, GPUMemory: d.GPUMemory,
-			Timeout: d.Timeout, WaitingSince: e.now.Add(-d.Waited), EstimatedStart: d.EstimatedStart, Why: d.Reason,
-			MinWait: sj.minWait}
-		if sj.bound != nil {
-			bj.Machine = sj.bound.id
+	// Waiting jobs and jobs bound to a machine, in id order (e.live is).
+	for _, sj := range e.live {
+		j := sj.j
+		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
+			continue
 		}
+		bj := burst.Job{ID: j.ID, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority, Burst: j.Spec.Burst,
+			Preemptible: j.Spec.Preemptible, GPUs: j.Spec.Resources.GPUs, Nodes: max(1, j.Spec.Resources.Nodes),
+			GPUModel: j.Spec.Resources.GPUModel, GPUMemory: int64(j.Spec.Resources.GPUMemory), Timeout: j.Spec.Timeout.D(),
+			WaitingSince: waitingSince(j), Machine: j.Machine, EstimatedStart: sj.est, Why: sj.why, MinWait: sj.minWait}
 		in.Pending = append(in.Pending, bj)
 	}
-	// Without waiting work the decision can only stop machines; when none
-	// is due to stop (see stopDue) it gets no machines, which changes
-	// nothing but its cost.
-	if len(in.Pending) > 0 || e.stopDue() {
-		for _, m := range e.alive {
-			bm := burst.Machine{ID: m.id, Provider: m.offer.Provider, Offer: m.offer, State: m.state, Team: m.team,
-				Jobs: m.jobIDs, GPUsUsed: m.used, LaunchedAt: m.launched, IdleSince: m.idleSince}
-			if m.state == burst.Ready {
-				bm.ReadyGPUs = m.offer.GPUs
-			}
-			in.Machines = append(in.Machines, bm)
+	for _, m := range e.alive {
+		bm := burst.Machine{ID: m.id, Provider: m.offer.Provider, Offer: m.offer, State: m.state, Team: m.team,
+			Jobs: m.jobIDs, GPUsUsed: m.used, LaunchedAt: m.launched, IdleSince: m.idleSince}
+		if m.state == burst.Ready || m.state == burst.Draining {
+			bm.ReadyGPUs = m.offer.GPUs
 		}
+		in.Machines = append(in.Machines, bm)
 	}
 	bi.machines = in.Machines
-	if !e.pol.NoOffers {
-		if bi.offers == nil {
-			bi.offers = slices.Clone(e.c.Offers)
-			for _, o := range e.c.Offers {
-				bi.keys = append(bi.keys, o.Key())
-			}
-		}
-		for i := range bi.offers {
-			until, down := e.offerDown[bi.keys[i]]
-			bi.offers[i].Available = !down || !e.now.Before(until)
-		}
-		in.Offers = bi.offers
+	if bi.offers == nil {
+		bi.offers = slices.Clone(e.c.Offers)
 	}
+	in.Offers = bi.offers
 	if in.Budgets == nil {
 		in.Budgets = map[string]burst.Budget{}
 	}
@@ -111,37 +101,37 @@ func (e *engine) burst(plan *sched.Plan) {
 	for scope, limit := range e.c.Budgets {
 		in.Budgets[scope] = burst.Budget{Limit: limit, Committed: e.committed[month][scope]}
 	}
-	if len(in.Offers) == 0 && len(e.alive) == 0 {
-		// No offer and no machine: the decision can launch, bind and stop
-		// nothing, only explain, which the report does not use.
-		return
-	}
 	d := burst.Decide(in)
 	e.active = d.Active
-	for _, s := range d.Stops {
-		if m := e.machineByID(s.Machine); m != nil {
-			if len(m.running) > 0 {
-				// Its jobs go back to the queue after this cycle's
-				// scheduling: the broker's next cycle places them.
-				e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
-			}
-			e.terminate(m)
-		}
-	}
 	for _, l := range d.Launches {
 		e.launch(l)
 	}
 	for _, b := range d.Binds {
 		sj, m := e.byID[b.Job], e.machineByID(b.Machine)
-		if sj == nil || m == nil || sj.bound != nil || sj.j.State != broker.StatePending {
+		if sj == nil || m == nil || sj.j.State != broker.StatePending {
 			continue
 		}
-		// On a ready machine the scheduler places the job when it can;
-		// a machine on its way up keeps the job bound until it is ready.
-		if m.state.InFlight() {
-			sj.bound = m
-			m.bound = append(m.bound, sj)
-			m.addJob(sj)
+		e.bind(sj, m)
+		m.idleSince = time.Time{}
+		if m.state == burst.Ready {
+			// The scheduler's next cycle starts it there (placeBound).
+			e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
+		}
+	}
+	for _, s := range d.Stops {
+		if m := e.machineByID(s.Machine); m != nil {
+			e.scaleDown(m, s)
+		}
+	}
+	// Idle marks: set when a ready machine's last job goes, cleared when
+	// one comes.
+	for _, m := range e.alive {
+		switch {
+		case m.state != burst.Ready:
+		case len(m.jobIDs) == 0 && m.idleSince.IsZero():
+			m.idleSince = e.now
+		case len(m.jobIDs) > 0:
+			m.idleSince = time.Time{}
 		}
 	}
 	for id, r := range d.Reasons {
@@ -157,23 +147,19 @@ func (e *engine) burst(plan *sched.Plan) {
 	}
 }
 
-// stopDue reports whether the burst decision's scale-down could stop a
-// machine now: a ready one idle for the idle TTL or at its lifetime.
-// (Simulated offers have no lease end and machines never drain.)
-func (e *engine) stopDue() bool {
-	p := e.pol.Burst
-	for _, m := range e.alive {
-		if m.state != burst.Ready {
-			continue
-		}
-		if p.MaxLifetime > 0 && !e.now.Before(m.launched.Add(p.MaxLifetime)) {
-			return true
-		}
-		if len(m.jobIDs) == 0 && !m.idleSince.IsZero() && !e.now.Before(m.idleSince.Add(p.IdleTTL)) {
-			return true
+// waitingSince is when a job last entered the queue, as the broker's
+// burst input has it: a job requeued after a preemption keeps its submit
+// time, so it may resume on burst capacity at once.
+func waitingSince(j *broker.Job) time.Time {
+	for i := len(j.History) - 1; i >= 0; i-- {
+		if j.History[i].To == broker.StatePending {
+			if j.History[i].From == broker.StatePreempted {
+				return j.SubmittedAt
+			}
+			return j.History[i].At
 		}
 	}
-	return false
+	return j.SubmittedAt
 }
 
 // machineByID finds a live machine (alive is in id order).
@@ -193,7 +179,8 @@ func (e *engine) machineByID(id string) *machine {
 	return e.alive[i]
 }
 
-// wakeMinWait asks for a cycle when a job's minimum wait runs out.
+// wakeMinWait asks for a burst decision when a job's minimum wait runs
+// out.
 func (e *engine) wakeMinWait(sj *sjob) {
 	if sj == nil {
 		return
@@ -205,52 +192,135 @@ func (e *engine) wakeMinWait(sj *sjob) {
 	if sj.minWait > 0 {
 		w = sj.minWait
 	}
-	e.wantWake(pendingSince(sj.j).Add(w))
+	e.wantBurst(waitingSince(sj.j).Add(w))
 }
 
-// pendingSince is when a pending job last entered the queue (the burst
-// demand's Waited counts from it).
-func pendingSince(j *broker.Job) time.Time {
-	if n := len(j.History); n > 0 && j.History[n-1].To == broker.StatePending {
-		return j.History[n-1].At
-	}
-	return j.SubmittedAt
+// bind moves a waiting job to provisioning on machine m.
+func (e *engine) bind(sj *sjob, m *machine) {
+	sj.j.Machine = m.id
+	sj.j.Transit(e.now, broker.StateProvisioning, "burst", "bound to "+m.id)
+	sj.bound = m
+	sj.why, sj.est = "", nil
+	m.bound = append(m.bound, sj)
+	m.addJob(sj)
+	e.pending--
+	e.provisioning++
 }
 
-// launch creates a burst machine: the offer, then its fallbacks on
-// capacity errors; a failed launch leaves its jobs unbound for the next
-// decision.
+// unbind returns a job bound to a machine to the queue.
+func (e *engine) unbind(sj *sjob, why string) {
+	m := sj.bound
+	m.bound = removeJob(m.bound, sj)
+	m.dropJob(sj)
+	sj.bound = nil
+	sj.j.Machine = ""
+	sj.j.Transit(e.now, broker.StatePending, "burst_failed", why)
+	e.provisioning--
+	e.pending++
+}
+
+// launch carries out one launch as the broker does: the jobs still
+// waiting are bound to a new machine record and its projected cost is
+// reserved against the budgets in one step (nothing happens when the
+// budget cannot take it); then the provider is asked for the offer, and
+// on a capacity error for each fallback in turn, re-reserving for its
+// price; when none can be had the jobs go back to the queue.
 func (e *engine) launch(l burst.Launch) {
-	e.res.LaunchAttempts++
-	for i, o := range append([]providers.Offer{l.Offer}, l.Fallbacks...) {
-		if e.capRNG.Float64() < e.c.CapacityFailureRate {
-			e.res.CapacityErrors++
-			e.offerDown[o.Key()] = e.now.Add(e.c.CapacityBackoff)
-			continue
+	var jobs []*sjob
+	for _, id := range l.Jobs {
+		if sj := e.byID[id]; sj != nil && sj.j.State == broker.StatePending {
+			jobs = append(jobs, sj)
 		}
-		e.nMachines++
-		m := &machine{id: fmt.Sprintf("m%06d", e.nMachines), offer: o, team: l.Team, queue: l.Queue,
-			state: burst.Provisioning, launched: e.now}
-		cost := l.ProjectedCost
-		if i > 0 {
-			cost = o.PricePerHour.MulDiv(int64(l.Hours*float64(time.Hour/time.Millisecond)), billing.MillisPerHour)
-		}
-		if !o.Prepaid {
-			m.reserved, m.resMonth = cost, billing.MonthOf(e.now, time.UTC).From
-			e.commit(m.resMonth, l.Team, cost)
-		}
-		for _, id := range l.Jobs {
-			if sj := e.byID[id]; sj != nil && sj.bound == nil && sj.j.State == broker.StatePending {
-				sj.bound = m
-				m.bound = append(m.bound, sj)
-				m.addJob(sj)
+	}
+	if len(jobs) == 0 {
+		return
+	}
+	month := billing.MonthOf(e.now, time.UTC).From
+	if !l.Offer.Prepaid && !e.mayReserve(month, l.Team, l.ProjectedCost) {
+		for _, sj := range jobs {
+			if !sj.budgetBlocked {
+				sj.budgetBlocked = true
+				e.res.BudgetBlockedJobs++
 			}
 		}
-		e.alive = append(e.alive, m) // ids grow: alive stays in id order
+		return
+	}
+	e.res.LaunchAttempts++
+	e.nMachines++
+	m := &machine{id: fmt.Sprintf("m%06d", e.nMachines), offer: l.Offer, team: l.Team, queue: l.Queue, state: burst.Requested}
+	e.alive = append(e.alive, m) // ids grow: alive stays in id order
+	if !l.Offer.Prepaid {
+		m.reserved, m.resMonth = l.ProjectedCost, month
+		e.commit(month, l.Team, l.ProjectedCost)
+	}
+	for _, sj := range jobs {
+		e.bind(sj, m)
+	}
+	offers := append([]providers.Offer{l.Offer}, l.Fallbacks...)
+	for i, o := range offers {
+		if i > 0 {
+			// The next offer: release, then reserve for its price.
+			e.commit(m.resMonth, m.team, -m.reserved)
+			m.offer, m.reserved = o, 0
+			cost := projectFor(o, e.pol.Burst, jobs)
+			if !o.Prepaid {
+				if !e.mayReserve(month, l.Team, cost) {
+					break
+				}
+				m.reserved = cost
+				e.commit(month, l.Team, cost)
+			}
+		}
+		if e.capRNG.Float64() < e.c.CapacityFailureRate {
+			e.res.CapacityErrors++
+			continue
+		}
+		m.state, m.launched = burst.Provisioning, e.now
 		e.push(event{at: e.now.Add(e.leadTime(o)), kind: evReady, m: m})
 		return
 	}
+	// No offer could be had: the jobs go back, the reservation is
+	// released, the record fails.
 	e.res.LaunchFailures++
+	for _, sj := range slices.Clone(m.bound) {
+		e.unbind(sj, "burst failed: no offer could be had")
+	}
+	e.commit(m.resMonth, m.team, -m.reserved)
+	m.reserved, m.state, m.ended = 0, burst.Failed, e.now
+	e.alive = slices.DeleteFunc(e.alive, func(x *machine) bool { return x == m })
+	e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
+}
+
+// projectFor is a machine's projected cost on offer o: its price for the
+// longest timeout of its jobs, capped by the lifetime (broker/server's
+// projectFor).
+func projectFor(o providers.Offer, p burst.Policy, jobs []*sjob) billing.Amount {
+	var d time.Duration
+	for _, sj := range jobs {
+		d = max(d, sj.j.Spec.Timeout.D())
+	}
+	if d <= 0 || d > p.MaxLifetime {
+		d = p.MaxLifetime
+	}
+	return o.PricePerHour.MulDiv(d.Milliseconds(), billing.MillisPerHour)
+}
+
+// mayReserve reports whether amount fits the team's budget (when it has
+// one) and the global budget (which must exist) this month.
+func (e *engine) mayReserve(month time.Time, team string, amount billing.Amount) bool {
+	for _, scope := range []string{team, broker.GlobalScope} {
+		limit, ok := e.c.Budgets[scope]
+		if !ok {
+			if scope == broker.GlobalScope {
+				return false
+			}
+			continue
+		}
+		if e.committed[month][scope]+amount > limit {
+			return false
+		}
+	}
+	return true
 }
 
 // commit adds an amount to what counts against a team's and the global
@@ -284,8 +354,8 @@ func (e *engine) leadTime(o providers.Offer) time.Duration {
 	return min(max(d, time.Second), lt.Max.D()).Round(time.Second)
 }
 
-// ready registers a machine's agent: its node joins the cluster and the
-// jobs bound to it go back to the scheduler, which places them.
+// ready registers a machine's agent: its node joins the cluster, and the
+// scheduler's cycle that follows starts the jobs bound to it.
 func (e *engine) ready(m *machine) {
 	if m.state != burst.Provisioning {
 		return
@@ -294,39 +364,30 @@ func (e *engine) ready(m *machine) {
 	m.node = simNode(m.id, m.offer.Provider, m.id, m.offer.GPUs, m.offer.GPUModel, m.offer.GPUMemoryBytes, "", nil, e.now)
 	e.nodes = append(e.nodes, m.node)
 	e.byNode[m.node.Name] = m
-	for _, sj := range m.bound {
-		sj.bound = nil
-		m.dropJob(sj)
+}
+
+// scaleDown carries out a stop as the broker does: jobs bound to the
+// machine go back to the queue, jobs on it are stopped with their
+// checkpoint signal (preempted) and the machine drains; a machine with no
+// job left ends.
+func (e *engine) scaleDown(m *machine, s burst.Stop) {
+	for _, sj := range slices.Clone(m.bound) {
+		e.unbind(sj, "burst machine "+m.id+" is going away: "+s.Detail)
 	}
-	m.bound = nil
-	m.idleSince = e.now
+	if len(m.running) > 0 {
+		for _, sj := range m.running {
+			e.stop(sj, sched.StopPreempted, "burst machine "+m.id+": "+s.Detail, "burst controller")
+		}
+		m.state = burst.Draining
+		return
+	}
+	e.terminate(m)
+	e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
 }
 
-// unbind frees a pending job from the in-flight machine it waited for
-// (it started elsewhere).
-func (e *engine) unbind(sj *sjob) {
-	m := sj.bound
-	m.bound = removeJob(m.bound, sj)
-	m.dropJob(sj)
-	sj.bound = nil
-}
-
-// terminate ends a machine: jobs still on it are lost and return to the
-// queue (their attempt's work is gone), its node leaves the cluster, and
-// its GPU-time is metered and settles its reservation.
+// terminate ends a machine: its node leaves the cluster, and its GPU-time
+// is metered and settles its reservation.
 func (e *engine) terminate(m *machine) {
-	for _, sj := range slices.Clone(m.running) {
-		e.release(sj)
-		sj.j.Transit(e.now, broker.StateLost, "machine_terminated", "burst machine "+m.id+" ended")
-		sj.j.Placements, sj.j.Stop = nil, nil
-		sj.j.Transit(e.now, broker.StatePending, "requeued", "back in the queue after machine_terminated")
-		e.pending++
-		e.res.LostJobs++
-	}
-	for _, sj := range m.bound {
-		sj.bound = nil
-	}
-	m.bound, m.jobIDs, m.used = nil, nil, 0
 	if m.node != nil {
 		e.nodes = slices.DeleteFunc(e.nodes, func(n *broker.Node) bool { return n == m.node })
 		delete(e.byNode, m.node.Name)
@@ -341,33 +402,30 @@ func machinePool(m *machine) billing.Pool {
 	if m.offer.Prepaid {
 		kind = billing.PoolLease
 	}
-	return billing.Pool{Kind: kind, Node: m.id, Provider: m.offer.Provider, Region: m.offer.Region,
+	return billing.Pool{Kind: kind, Name: m.offer.Provider, Node: m.id, Provider: m.offer.Provider, Region: m.offer.Region,
 		InstanceType: m.offer.InstanceType, InstanceID: m.id}
 }
 
 // meter prices an ended machine with the billing meter, as the broker's
 // ledger would: usage entries for its jobs, overhead for the rest of its
-// GPU-time from launch to end (one-hour slices). The cost settles the
-// machine's budget reservation, month by month.
+// GPU-time from launch to end (one-hour slices). The cost becomes the
+// month's spend and the reservation is released.
 func (e *engine) meter(m *machine) {
-	rate, err := billing.InstancePrice(m.offer.PricePerHour, m.offer.GPUs)
-	if err != nil {
-		e.res.meterProblems++
-	}
 	bm := billing.Machine{Pool: machinePool(m), GPUModel: m.offer.GPUModel, GPUs: m.offer.GPUs, Spot: m.offer.Spot,
-		Prices: billing.FlatPrice(rate), Start: m.launched, End: m.ended, DemandTeam: m.team, DemandQueue: m.queue}
+		Prices: billing.FlatPrice(m.offer.PricePerGPUHour()), Start: m.launched, End: m.ended, DemandTeam: m.team, DemandQueue: m.queue}
 	cfg := billing.MeterConfig{Slice: time.Hour, Currency: e.c.Currency, Overhead: e.c.Overhead}
 	out := billing.Meter(cfg, billing.MeterInput{Now: m.ended, Allocations: m.allocs, Machines: []billing.Machine{bm}})
 	m.allocs = nil
 	if m.reserved != 0 {
 		e.commit(m.resMonth, m.team, -m.reserved)
+		m.reserved = 0
 	}
+	r := e.res
+	r.Machines++
 	boot := m.ended
 	if !m.readyAt.IsZero() {
 		boot = m.readyAt
 	}
-	r := e.res
-	r.Machines++
 	r.bootMillis += int64(m.offer.GPUs) * boot.Sub(m.launched).Milliseconds()
 	for _, en := range out.Entries {
 		switch en.Kind {

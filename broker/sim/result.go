@@ -7,6 +7,7 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
 )
 
 // Stats summarises durations, in seconds.
@@ -93,20 +94,20 @@ type Result struct {
 	CapacityErrors int `json:"capacityErrors"`
 	// JobsOnBurst ran at least one attempt on a burst machine.
 	JobsOnBurst int `json:"jobsOnBurst"`
-	// Preemptions are stops for preemption; Resumptions starts after a
-	// preemption or a lost machine; LostJobs attempts lost with a
-	// terminated machine.
+	// Preemptions are stops for preemption (by the scheduler, or by the
+	// burst controller draining a machine); Resumptions are starts after
+	// one.
 	Preemptions int `json:"preemptions"`
 	Resumptions int `json:"resumptions"`
-	LostJobs    int `json:"lostJobs"`
 	// Budgets is each month's spend per budget scope; BudgetBlockedJobs
 	// were held back by a budget at least once.
 	Budgets           []BudgetMonth `json:"budgets,omitempty"`
 	BudgetBlockedJobs int           `json:"budgetBlockedJobs"`
-	// Cycles run, and how many of them called the scheduler core (the
-	// others had nothing pending).
+	// Cycles run, how many of them called the scheduler core (the others
+	// had nothing waiting), and burst decisions.
 	Cycles          int `json:"cycles"`
 	SchedulerCycles int `json:"schedulerCycles"`
+	BurstDecisions  int `json:"burstDecisions"`
 	// Starts in order, when Options.RecordStarts is set.
 	Starts []Start `json:"starts,omitempty"`
 	// Series are hourly means for the chart.
@@ -162,7 +163,9 @@ func (r *recorder) sample(e *engine) {
 	r.onPrem = float64(e.onPremHeld)
 	g := 0
 	for _, m := range e.alive {
-		g += m.offer.GPUs
+		if m.state != burst.Requested {
+			g += m.offer.GPUs
+		}
 	}
 	r.burstGPU = float64(g)
 	r.queue = float64(e.pending)
