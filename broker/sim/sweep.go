@@ -48,20 +48,31 @@ type SweepResult struct {
 	AllAtOrBelow bool `json:"allAtOrBelow"`
 }
 
-// Sweep grids.
+// Sweep grids: spillway's threshold × minimum wait, then minimum waits
+// with a longer one for the queue of large jobs (high_perf in the
+// standard scenario), against Starburst's linear_cost over its waiting
+// budget.
 var (
-	sweepThresholds = []string{"0", "0.8", "0.9", "1"}
-	sweepMinWaits   = []string{"0s", "2m", "10m", "30m", "2h", "8h"}
-	sweepBudgets    = []string{"0.05", "0.1", "0.25", "0.5", "1", "2", "4"}
+	sweepThresholds = []string{"0.8", "1"}
+	sweepMinWaits   = []string{"2m", "15m", "1h", "4h"}
+	sweepLargeWaits = [][2]string{{"15m", "4h"}, {"1h", "8h"}, {"4h", "16h"}}
+	sweepBudgets    = []string{"0.1", "0.25", "0.5", "1"}
 )
 
-// SweepPolicies is the sweep's grid: spillway over thresholds × minimum
-// waits, and starburst-linear-cost over waiting budgets.
+// SweepLargeQueue is the queue the sweep gives longer minimum waits.
+const SweepLargeQueue = "high_perf"
+
+// SweepPolicies is the sweep's grid.
 func SweepPolicies(c *Cluster) ([]Policy, error) {
 	var names []string
 	for _, th := range sweepThresholds {
 		for _, mw := range sweepMinWaits {
 			names = append(names, fmt.Sprintf("%s:threshold=%s:minWait=%s", PolicySpillway, th, mw))
+		}
+	}
+	if slices.Contains(queueNames(c), SweepLargeQueue) {
+		for _, w := range sweepLargeWaits {
+			names = append(names, fmt.Sprintf("%s:minWait=%s:%s.minWait=%s", PolicySpillway, w[0], SweepLargeQueue, w[1]))
 		}
 	}
 	for _, b := range sweepBudgets {
