@@ -120,22 +120,31 @@ type StarburstFile struct {
 
 // Cluster is a checked cluster config, ready to simulate.
 type Cluster struct {
+	// Config is the broker config of the cluster file's broker section.
 	Config *config.Config
+	// Groups are the on-prem node groups.
 	Groups []NodeGroup
 	// Burst is the spillway policy: the broker config's burst section.
-	Burst    burst.Policy
-	LeadTime LeadTime
-	// OfferLead is each offer's lead time, by offer key.
-	OfferLead           map[string]LeadTime
-	Offers              []providers.Offer
+	Burst burst.Policy
+	// LeadTime is the default lead time; OfferLead each offer's, by key.
+	LeadTime  LeadTime
+	OfferLead map[string]LeadTime
+	// Offers are the simulated providers' offers, all available.
+	Offers []providers.Offer
+	// CapacityFailureRate is the chance a create call fails for capacity.
 	CapacityFailureRate float64
 	Currency            string
-	Budgets             map[string]billing.Amount
-	Overhead            billing.OverheadPolicy
-	Preemptible         map[string]bool
-	CheckpointGrace     time.Duration
-	CheckpointTime      time.Duration
-	WaitingBudget       float64
+	// Budgets are monthly limits by scope (broker.GlobalScope, teams).
+	Budgets  map[string]billing.Amount
+	Overhead billing.OverheadPolicy
+	// Preemptible are the priority classes whose jobs are preemptible.
+	Preemptible map[string]bool
+	// CheckpointGrace is the grace stopped jobs get; CheckpointTime how
+	// long a simulated job takes to save and exit.
+	CheckpointGrace time.Duration
+	CheckpointTime  time.Duration
+	// WaitingBudget is the Starburst policies' β.
+	WaitingBudget float64
 }
 
 // LoadCluster reads and checks a cluster config file.

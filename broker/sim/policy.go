@@ -19,6 +19,10 @@ const (
 	WaitConstant      = "constant"
 	WaitLinearRuntime = "linear_runtime"
 	WaitLinearCost    = "linear_cost"
+	// WaitDeclaredCost is linear_cost with what the broker knows: each
+	// job's declared timeout instead of its true run time
+	// ("spillway:costWait=β").
+	WaitDeclaredCost = "declared_cost"
 )
 
 // WaitRule gives every job its own minimum wait before bursting.
@@ -33,16 +37,18 @@ type WaitRule struct {
 
 // Policy is one configuration of the burst decision. Every policy runs
 // the same scheduler core and the same burst.Decide; they differ only in
-// the burst.Policy they pass, whether offers exist, and per-job minimum
-// waits.
+// the burst.Policy they pass, whether any provider exists, and per-job
+// minimum waits.
 type Policy struct {
 	// Name is how the policy was asked for ("spillway",
 	// "spillway:threshold=0.9:minWait=5m", "starburst-linear-cost").
 	Name  string       `json:"name"`
 	Burst burst.Policy `json:"burst"`
-	// NoOffers gives the burst decision no offers: nothing leaves.
-	NoOffers bool     `json:"noOffers,omitempty"`
-	Wait     WaitRule `json:"wait,omitempty"`
+	// NoOffers means no provider: like a broker without providers, the
+	// burst controller never runs and everything stays on-prem.
+	NoOffers bool `json:"noOffers,omitempty"`
+	// Wait gives each job its own minimum wait (Starburst).
+	Wait WaitRule `json:"wait,omitempty"`
 }
 
 // Policy names.
@@ -65,8 +71,10 @@ const AllPolicies = defaultPolicyList
 // ParsePolicies reads a comma-separated list of policies. Each is a name,
 // optionally followed by ":key=value" overrides: threshold, hysteresis,
 // minWait, waitTarget (every queue), idleTTL, maxInFlight, budget (β of a
-// Starburst policy), and QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold
-// for one queue ("spillway:high_perf.minWait=1h").
+// Starburst policy), costWait (β of a per-job minimum wait in proportion
+// to GPUs × declared timeout, on any policy), and QUEUE.minWait,
+// QUEUE.waitTarget, QUEUE.threshold for one queue
+// ("spillway:high_perf.minWait=1h").
 func ParsePolicies(list string, c *Cluster) ([]Policy, error) {
 	var out []Policy
 	seen := map[string]bool{}
@@ -183,6 +191,9 @@ func (p *Policy) set(k, v string, queues []string) error {
 		for _, name := range queues {
 			p.setQueue(name, func(q *burst.QueuePolicy) { q.WaitTarget = d })
 		}
+	case "costWait":
+		p.Wait = WaitRule{Kind: WaitDeclaredCost}
+		p.Wait.Budget, err = num(0, 100)
 	case "budget":
 		if p.Wait.Kind == "" || p.Wait.Kind == WaitZero {
 			return fmt.Errorf("only the starburst constant, linear-runtime and linear-cost policies have a waiting budget")
@@ -191,7 +202,7 @@ func (p *Policy) set(k, v string, queues []string) error {
 	default:
 		queue, field, ok := strings.Cut(k, ".")
 		if !ok || !slices.Contains(queues, queue) {
-			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
+			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, costWait, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
 		}
 		switch field {
 		case "minWait", "waitTarget":
@@ -246,22 +257,28 @@ func jobWaits(w WaitRule, jobs []Job) map[string]time.Duration {
 	if w.Kind == "" || w.Kind == WaitZero || len(jobs) == 0 {
 		return nil
 	}
+	run := func(j Job) float64 {
+		if w.Kind == WaitDeclaredCost {
+			return DeclaredTimeout(j.Duration).Seconds()
+		}
+		return j.Duration.Seconds()
+	}
 	var sumRun, sumCost float64
 	for _, j := range jobs {
-		r := j.Duration.Seconds()
+		r := run(j)
 		sumRun += r
 		sumCost += float64(j.GPUs) * r
 	}
 	out := make(map[string]time.Duration, len(jobs))
 	for _, j := range jobs {
-		r := j.Duration.Seconds()
+		r := run(j)
 		var wait float64
 		switch w.Kind {
 		case WaitConstant:
 			wait = w.Budget * sumRun / float64(len(jobs))
 		case WaitLinearRuntime:
 			wait = w.Budget * r
-		case WaitLinearCost:
+		case WaitLinearCost, WaitDeclaredCost:
 			wait = w.Budget * sumRun / sumCost * float64(j.GPUs) * r
 		}
 		out[j.ID] = time.Duration(wait * float64(time.Second))

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 )
@@ -373,11 +375,18 @@ func TestParsePolicies(t *testing.T) {
 func TestJobWaitsSpendTheWaitingBudget(t *testing.T) {
 	jobs := []Job{{ID: "a", GPUs: 1, Duration: time.Hour}, {ID: "b", GPUs: 8, Duration: 2 * time.Hour}, {ID: "c", GPUs: 2, Duration: 15 * time.Minute}}
 	sumRun := 3.25 * 3600.0
-	for _, kind := range []string{WaitConstant, WaitLinearRuntime, WaitLinearCost} {
+	for _, kind := range []string{WaitConstant, WaitLinearRuntime, WaitLinearCost, WaitDeclaredCost} {
 		w := jobWaits(WaitRule{Kind: kind, Budget: 0.5}, jobs)
 		total := 0.0
 		for _, d := range w {
 			total += d.Seconds()
+		}
+		if kind == WaitDeclaredCost {
+			// Declared timeouts: 1h, 2h, 15m.
+			if want := 0.5 * 3.25 * 3600; math.Abs(total-want) > 1e-3 {
+				t.Errorf("%s: waits sum to %vs, want β × Σ timeout = %vs", kind, total, want)
+			}
+			continue
 		}
 		if math.Abs(total-0.5*sumRun) > 1e-3 {
 			t.Errorf("%s: waits sum to %vs, want β × Σ run = %vs", kind, total, 0.5*sumRun)
@@ -442,6 +451,7 @@ func TestFrontierChecks(t *testing.T) {
 		{Policy: "spillway:a", JCT: Stats{Mean: 100}, BurstCost: usd("50")},
 		{Policy: "spillway:b", JCT: Stats{Mean: 200}, BurstCost: usd("30")},
 		{Policy: "spillway:c", JCT: Stats{Mean: 250}, BurstCost: usd("40")},
+		{Policy: "spillway:costWait=0.5", JCT: Stats{Mean: 140}, BurstCost: usd("20")},
 		{Policy: "starburst-linear-cost:x", JCT: Stats{Mean: 210}, BurstCost: usd("35")},
 		{Policy: "starburst-linear-cost:y", JCT: Stats{Mean: 150}, BurstCost: usd("45")},
 		{Policy: "starburst-linear-cost:z", JCT: Stats{Mean: 90}, BurstCost: usd("99")},
@@ -449,19 +459,28 @@ func TestFrontierChecks(t *testing.T) {
 	s := Frontier(res)
 	got := map[string]bool{}
 	for _, c := range s.Checks {
-		got[c.Starburst] = c.AtOrBelow
+		got[c.Family+" "+c.Starburst] = c.AtOrBelow
 	}
-	// x: b (200 ≤ 210, 30 ≤ 35); y: only a is as fast, and costs 50 > 45;
-	// z: no spillway point is that fast.
-	if !got["starburst-linear-cost:x"] || got["starburst-linear-cost:y"] || got["starburst-linear-cost:z"] || s.AllAtOrBelow {
-		t.Fatalf("checks %+v", s.Checks)
+	// spillway: x is beaten by b (200 ≤ 210, 30 ≤ 35); y only by a, which
+	// costs 50 > 45; z: no spillway point is that fast. costWait: beats x
+	// and y, not z.
+	want := map[string]bool{
+		"spillway starburst-linear-cost:x": true, "spillway starburst-linear-cost:y": false, "spillway starburst-linear-cost:z": false,
+		"spillway+costWait starburst-linear-cost:x": true, "spillway+costWait starburst-linear-cost:y": true, "spillway+costWait starburst-linear-cost:z": false,
+	}
+	if diff := cmp.Diff(want, got); diff != "" || s.AllAtOrBelow || s.CostWaitAllAtOrBelow {
+		t.Fatalf("checks (-want +got):\n%s", diff)
 	}
 	frontier := map[string]bool{}
 	for _, p := range s.Points {
 		frontier[p.Policy] = p.Frontier
 	}
-	if !frontier["spillway:a"] || !frontier["spillway:b"] || frontier["spillway:c"] {
+	if !frontier["spillway:a"] || !frontier["spillway:b"] || frontier["spillway:c"] || !frontier["spillway:costWait=0.5"] {
 		t.Fatalf("frontier %v", frontier)
+	}
+	var table bytes.Buffer
+	if err := s.WriteTable(&table, "USD"); err != nil || !strings.Contains(table.String(), "at or below at every JCT: false") {
+		t.Fatalf("table (%v):\n%s", err, table.String())
 	}
 }
 

@@ -1,17 +1,19 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"text/tabwriter"
 )
 
 // SweepPoint is one configuration of a sweep and what it did.
 type SweepPoint struct {
 	Policy string `json:"policy"`
-	// Family is "spillway" or "starburst-linear-cost".
+	// Family is FamilySpillway, FamilyCostWait or FamilyStarburst.
 	Family string `json:"family"`
 	// MeanJCT and P95Wait in seconds; Cost is the burst cost in currency
 	// units.
@@ -24,28 +26,44 @@ type SweepPoint struct {
 	Frontier bool `json:"frontier"`
 }
 
-// FrontierCheck compares one Starburst point with the spillway family:
-// the cheapest spillway configuration whose mean JCT is no longer.
+// Sweep families.
+const (
+	// FamilySpillway is the spillway policy as the broker runs it:
+	// thresholds and minimum waits.
+	FamilySpillway = "spillway"
+	// FamilyCostWait is spillway with a per-job minimum wait in
+	// proportion to GPUs × declared timeout (costWait), which the broker
+	// does not do yet.
+	FamilyCostWait = "spillway+costWait"
+	// FamilyStarburst is Starburst's linear_cost.
+	FamilyStarburst = PolicyStarburstCost
+)
+
+// FrontierCheck compares one Starburst point with a spillway family: the
+// cheapest configuration of the family whose mean JCT is no longer.
 type FrontierCheck struct {
+	Family        string  `json:"family"`
 	Starburst     string  `json:"starburst"`
 	MeanJCT       float64 `json:"meanJCT_s"`
 	StarburstCost float64 `json:"starburstCost"`
-	// Spillway is the cheapest spillway point with MeanJCT at most the
-	// Starburst point's; empty when none is that fast.
+	// Spillway is the cheapest point of the family with MeanJCT at most
+	// the Starburst point's; empty when none is that fast.
 	Spillway     string  `json:"spillway,omitempty"`
 	SpillwayJCT  float64 `json:"spillwayJCT_s,omitempty"`
 	SpillwayCost float64 `json:"spillwayCost,omitempty"`
 	AtOrBelow    bool    `json:"atOrBelow"`
 }
 
-// SweepResult is a cost-versus-JCT sweep of the spillway policy's
-// threshold and minimum wait against Starburst's linear_cost over its
-// waiting budget, in one run.
+// SweepResult is a cost-versus-JCT sweep of the spillway policy against
+// Starburst's linear_cost over its waiting budget, in one run.
 type SweepResult struct {
 	Points []SweepPoint    `json:"points"`
 	Checks []FrontierCheck `json:"checks"`
-	// AllAtOrBelow reports whether every check holds.
-	AllAtOrBelow bool `json:"allAtOrBelow"`
+	// AllAtOrBelow reports whether every check of the spillway family (as
+	// the broker runs it) holds; CostWaitAllAtOrBelow the same for the
+	// costWait family.
+	AllAtOrBelow         bool `json:"allAtOrBelow"`
+	CostWaitAllAtOrBelow bool `json:"costWaitAllAtOrBelow"`
 }
 
 // Sweep grids: spillway's threshold × minimum wait, then minimum waits
@@ -76,6 +94,7 @@ func SweepPolicies(c *Cluster) ([]Policy, error) {
 		}
 	}
 	for _, b := range sweepBudgets {
+		names = append(names, fmt.Sprintf("%s:costWait=%s", PolicySpillway, b))
 		names = append(names, fmt.Sprintf("%s:budget=%s", PolicyStarburstCost, b))
 	}
 	out := make([]Policy, 0, len(names))
@@ -102,36 +121,31 @@ func Sweep(tr *Trace, c *Cluster, opt Options) (*SweepResult, error) {
 	return Frontier(res), nil
 }
 
+// familyOf sorts a policy into its sweep family.
+func familyOf(policy string) string {
+	switch {
+	case strings.HasPrefix(policy, PolicyStarburstCost):
+		return FamilyStarburst
+	case strings.Contains(policy, ":costWait="):
+		return FamilyCostWait
+	}
+	return FamilySpillway
+}
+
 // Frontier turns sweep results into points and checks: for every
-// starburst-linear-cost point, the cheapest spillway point whose mean JCT
-// is no longer must cost no more.
+// starburst-linear-cost point and each spillway family, the cheapest
+// point of the family whose mean JCT is no longer must cost no more.
 func Frontier(results []*Result) *SweepResult {
-	out := &SweepResult{AllAtOrBelow: true}
+	out := &SweepResult{AllAtOrBelow: true, CostWaitAllAtOrBelow: true}
 	for _, r := range results {
-		fam := r.Policy
-		for i := range fam {
-			if fam[i] == ':' {
-				fam = fam[:i]
-				break
-			}
-		}
-		out.Points = append(out.Points, SweepPoint{Policy: r.Policy, Family: fam, MeanJCT: r.JCT.Mean, P95Wait: r.Wait.P95,
-			Cost: money(r.BurstCost), BurstGPUHours: r.BurstGPUHours})
+		out.Points = append(out.Points, SweepPoint{Policy: r.Policy, Family: familyOf(r.Policy), MeanJCT: r.JCT.Mean,
+			P95Wait: r.Wait.P95, Cost: money(r.BurstCost), BurstGPUHours: r.BurstGPUHours})
 	}
 	slices.SortStableFunc(out.Points, func(a, b SweepPoint) int {
-		if a.Family != b.Family {
-			if a.Family < b.Family {
-				return -1
-			}
-			return 1
+		if c := strings.Compare(a.Family, b.Family); c != 0 {
+			return c
 		}
-		switch {
-		case a.MeanJCT < b.MeanJCT:
-			return -1
-		case a.MeanJCT > b.MeanJCT:
-			return 1
-		}
-		return 0
+		return cmp.Compare(a.MeanJCT, b.MeanJCT)
 	})
 	best := map[string]float64{}
 	for i := range out.Points {
@@ -141,22 +155,35 @@ func Frontier(results []*Result) *SweepResult {
 			p.Frontier = true
 		}
 	}
-	for _, s := range out.Points {
-		if s.Family != PolicyStarburstCost {
+	for _, fam := range []string{FamilySpillway, FamilyCostWait} {
+		has := false
+		for _, p := range out.Points {
+			has = has || p.Family == fam
+		}
+		if !has {
 			continue
 		}
-		ch := FrontierCheck{Starburst: s.Policy, MeanJCT: s.MeanJCT, StarburstCost: s.Cost, SpillwayCost: math.Inf(1)}
-		for _, p := range out.Points {
-			if p.Family == PolicySpillway && p.MeanJCT <= s.MeanJCT && p.Cost < ch.SpillwayCost {
-				ch.Spillway, ch.SpillwayJCT, ch.SpillwayCost = p.Policy, p.MeanJCT, p.Cost
+		for _, s := range out.Points {
+			if s.Family != FamilyStarburst {
+				continue
 			}
+			ch := FrontierCheck{Family: fam, Starburst: s.Policy, MeanJCT: s.MeanJCT, StarburstCost: s.Cost, SpillwayCost: math.Inf(1)}
+			for _, p := range out.Points {
+				if p.Family == fam && p.MeanJCT <= s.MeanJCT && p.Cost < ch.SpillwayCost {
+					ch.Spillway, ch.SpillwayJCT, ch.SpillwayCost = p.Policy, p.MeanJCT, p.Cost
+				}
+			}
+			if ch.Spillway == "" {
+				ch.SpillwayCost = 0
+			}
+			ch.AtOrBelow = ch.Spillway != "" && ch.SpillwayCost <= s.Cost
+			if fam == FamilySpillway {
+				out.AllAtOrBelow = out.AllAtOrBelow && ch.AtOrBelow
+			} else {
+				out.CostWaitAllAtOrBelow = out.CostWaitAllAtOrBelow && ch.AtOrBelow
+			}
+			out.Checks = append(out.Checks, ch)
 		}
-		if ch.Spillway == "" {
-			ch.SpillwayCost = 0
-		}
-		ch.AtOrBelow = ch.Spillway != "" && ch.SpillwayCost <= s.Cost
-		out.AllAtOrBelow = out.AllAtOrBelow && ch.AtOrBelow
-		out.Checks = append(out.Checks, ch)
 	}
 	return out
 }
@@ -176,19 +203,20 @@ func (s *SweepResult) WriteTable(w io.Writer, currency string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nspillway against starburst-linear-cost at each of its JCTs:\n")
+	fmt.Fprintf(w, "\neach spillway family against starburst-linear-cost at each of its JCTs:\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "starburst\tJCT mean\tcost\tcheapest spillway no slower\tJCT mean\tcost\tat or below")
+	fmt.Fprintln(tw, "family\tstarburst\tJCT mean\tcost\tcheapest no slower\tJCT mean\tcost\tat or below")
 	for _, c := range s.Checks {
 		sp, jct, cost := "none", "-", "-"
 		if c.Spillway != "" {
 			sp, jct, cost = c.Spillway, human(c.SpillwayJCT), fmt.Sprintf("%.0f", c.SpillwayCost)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%v\n", c.Starburst, human(c.MeanJCT), c.StarburstCost, sp, jct, cost, c.AtOrBelow)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t%v\n", c.Family, c.Starburst, human(c.MeanJCT), c.StarburstCost, sp, jct, cost, c.AtOrBelow)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "frontier at or below starburst-linear-cost at every JCT: %v\n", s.AllAtOrBelow)
+	fmt.Fprintf(w, "spillway (as the broker runs it) at or below starburst-linear-cost at every JCT: %v\n", s.AllAtOrBelow)
+	fmt.Fprintf(w, "spillway with costWait (per-job waits from declared GPUs × timeout) at or below at every JCT: %v\n", s.CostWaitAllAtOrBelow)
 	return nil
 }
