@@ -353,8 +353,7 @@ func (s *Server) loseJob(j *broker.Job, lostAt, now time.Time, reason, detail st
 		j.Transit(now, broker.StateFailed, reason, "restartPolicy Never: not requeued")
 		return
 	}
-	j.Placements = nil
-	j.Stop = nil
+	j.Placements, j.Stop, j.Machine = nil, nil, ""
 	j.Transit(now, broker.StatePending, "requeued", "back in the queue after "+reason)
 }
 
@@ -386,7 +385,8 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		j.Transit(ended, broker.StatePreempted, "preempted", joinDetail(stop.Detail, exit))
 		t := ended
 		j.LastCheckpointAt = &t
-		j.Placements, j.Stop = nil, nil
+		// Back in the queue unbound: it may resume on-prem or burst anew.
+		j.Placements, j.Stop, j.Machine = nil, nil, ""
 		j.Transit(ended, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
 		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
@@ -399,7 +399,7 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		backoff := retryBackoff(j.Retries)
 		nb := ended.Add(backoff)
 		j.NotBefore = &nb
-		j.Placements = nil
+		j.Placements, j.Machine = nil, ""
 		j.Transit(ended, broker.StatePending, "retry",
 			fmt.Sprintf("%s; retry %d/%d after %s", exit, j.Retries, j.Spec.MaxRetries, broker.FormatDuration(backoff)))
 	default:
