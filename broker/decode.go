@@ -43,6 +43,20 @@ func DecodeStrict(doc []byte, out any) error {
 // YAML 1.2 matters: under YAML 1.1 an env key N or a value no would turn
 // into a boolean.
 func parseDocument(doc []byte) (any, error) {
+	if t := bytes.TrimSpace(doc); len(t) > 0 && t[0] == '{' {
+		// JSON, the API's usual body: read it directly, a good deal faster
+		// than through YAML.
+		dec := json.NewDecoder(bytes.NewReader(t))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		if dec.More() {
+			return nil, errors.New("more than one document")
+		}
+		return v, nil
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(doc))
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil {

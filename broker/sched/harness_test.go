@@ -70,6 +70,16 @@ func (w *JobWrapper) Waited(d time.Duration) *JobWrapper {
 	return w
 }
 
+// Requeued makes the job one that was preempted d before t0 after running:
+// old by its submit time, back in the queue only since then.
+func (w *JobWrapper) Requeued(d time.Duration) *JobWrapper {
+	at := t0.Add(-d)
+	w.j.History = append(w.j.History,
+		broker.Transition{At: at, From: broker.StateRunning, To: broker.StatePreempted, Reason: "preempted"},
+		broker.Transition{At: at, From: broker.StatePreempted, To: broker.StatePending, Reason: "requeued"})
+	return w
+}
+
 // On places the job (running since 10 minutes before t0) on node with the
 // given cards; call it once per node of a gang.
 func (w *JobWrapper) On(node string, cards ...int) *JobWrapper {

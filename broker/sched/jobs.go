@@ -619,7 +619,10 @@ func (c *cycle) order() {
 		p := &c.pending[i]
 		wait := c.nowNs - p.sub
 		var k uint64
-		if starve > 0 && wait >= starve {
+		// Starvation is waiting in the queue, measured from when the job
+		// last entered it: a job just preempted is old but not starving,
+		// and must not take back the cards of the job that preempted it.
+		if starve > 0 && c.nowNs-p.since >= starve {
 			// Starved jobs go first, oldest first.
 			k = 1<<63 | uint64(maxSub-min(maxSub, max(0, p.sub)))
 		} else {

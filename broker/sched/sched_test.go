@@ -214,6 +214,14 @@ func TestOrder(t *testing.T) {
 			want: outcome{Starts: map[string]string{"starved": "n1:0"},
 				Pending: map[string]string{"serve": ReasonResources}},
 		},
+		"a job preempted a moment ago is old but not starving: its preemptor goes first": {
+			nodes:  one,
+			policy: func(p *Policy) { p.StarvationAge = 2 * time.Hour },
+			jobs: []*JobWrapper{MakeJob("victim").Priority("low").Preemptible().Waited(3 * time.Hour).Requeued(time.Second),
+				MakeJob("preemptor").Priority("high").Waited(time.Minute)},
+			want: outcome{Starts: map[string]string{"preemptor": "n1:0"},
+				Pending: map[string]string{"victim": ReasonResources}},
+		},
 		"a job in retry backoff waits": {
 			nodes: one,
 			jobs:  []*JobWrapper{MakeJob("retry").Backoff(time.Minute)},

@@ -536,3 +536,26 @@ func TestBudgetAlerts(t *testing.T) {
 		t.Fatalf("%d repeated alerts", n)
 	}
 }
+
+// TestPreemptedOffBurstMachineIsUnbound: a job that leaves a burst machine
+// for the queue is no longer bound to it, so the burst controller may send
+// it out again.
+func TestPreemptedOffBurstMachineIsUnbound(t *testing.T) {
+	r := newBurstRig(t)
+	r.srv.cfg.Burst.MaxLifetime = broker.Duration(30 * time.Minute)
+	r.fill()
+	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "10h", "preemptible": true, "command": ["train"]}`)
+	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })
+	id := r.records()[0].ID
+	r.until("draining", 2000, func() bool { return r.rec(id).State == string(burst.Draining) })
+	r.machine(id).exit(j.ID, 143, "SIGTERM")
+	r.step()
+	got := r.job(j.ID)
+	if got.Machine == id {
+		t.Fatalf("requeued job still bound to the machine it left (%s)", got.State)
+	}
+	r.until("running again on a new machine", 600, func() bool {
+		g := r.job(j.ID)
+		return g.State == broker.StateRunning && g.Placements[0].Node != id
+	})
+}

@@ -59,6 +59,9 @@ type Server struct {
 	ids     *idSource
 	started time.Time
 
+	// cycleMu makes scheduling cycles one at a time (the core's buffers
+	// are reused between cycles).
+	cycleMu sync.Mutex
 	// mu guards the leader's in-memory view below. Every change is written
 	// to the store first, under mu, then applied here.
 	mu sync.Mutex
@@ -213,10 +216,20 @@ func (s *Server) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-s.schedWake:
+			// Let a burst of submits or ended jobs gather into one cycle.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(kickCoalesce):
+			}
 		case <-s.clock.After(interval):
 		}
 	}
 }
+
+// kickCoalesce is how long a triggered cycle waits for more triggers. It
+// is real time on purpose: it paces work, it decides nothing.
+const kickCoalesce = 20 * time.Millisecond
 
 // kick asks for a scheduling cycle soon.
 func (s *Server) kick() {

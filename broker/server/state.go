@@ -139,12 +139,45 @@ func (s *Server) holdingOnLocked(node string) []*broker.Job {
 // Cycle runs one scheduling cycle: node liveness, then the scheduler core,
 // then the plan applied in one transaction.
 func (s *Server) Cycle(ctx context.Context) error {
+	s.cycleMu.Lock()
+	defer s.cycleMu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !s.mayDecideLocked() {
+		s.mu.Unlock()
 		return nil // a standby, or the store is unreachable (leader.go)
 	}
 	now := s.clock.Now()
+	if err := s.housekeepLocked(ctx, now); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	sc, err := s.schedulingLocked(ctx)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	sc.ledger.advance(now, s.jobs, s.byNode)
+	snap := s.snapshotLocked(now)
+	s.mu.Unlock()
+
+	// The core runs without the lock: jobs and nodes are replaced, never
+	// changed in place, so the snapshot stays consistent while submits and
+	// heartbeats go on. applyLocked skips whatever changed meanwhile.
+	t0 := time.Now()
+	plan := sc.core.Schedule(snap)
+	s.metrics.cycleSeconds.Observe(time.Since(t0).Seconds())
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.mayDecideLocked() {
+		return nil
+	}
+	return s.applyLocked(ctx, now, plan)
+}
+
+// housekeepLocked is the part of a cycle that is not placement: lost
+// nodes, idle jobs, telemetry points, metering.
+func (s *Server) housekeepLocked(ctx context.Context, now time.Time) error {
 	if err := s.checkNodesLocked(ctx, now); err != nil {
 		return err
 	}
@@ -160,16 +193,7 @@ func (s *Server) Cycle(ctx context.Context) error {
 			s.log.Error("metering failed", "err", err)
 		}
 	}
-	sc, err := s.schedulingLocked(ctx)
-	if err != nil {
-		return err
-	}
-	sc.ledger.advance(now, s.jobs, s.byNode)
-	snap := s.snapshotLocked(now)
-	t0 := time.Now()
-	plan := sc.core.Schedule(snap)
-	s.metrics.cycleSeconds.Observe(time.Since(t0).Seconds())
-	return s.applyLocked(ctx, now, plan)
+	return nil
 }
 
 // snapshotLocked is the scheduler's input: every node and non-terminal
@@ -329,8 +353,7 @@ func (s *Server) loseJob(j *broker.Job, lostAt, now time.Time, reason, detail st
 		j.Transit(now, broker.StateFailed, reason, "restartPolicy Never: not requeued")
 		return
 	}
-	j.Placements = nil
-	j.Stop = nil
+	j.Placements, j.Stop, j.Machine = nil, nil, ""
 	j.Transit(now, broker.StatePending, "requeued", "back in the queue after "+reason)
 }
 
@@ -362,7 +385,8 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		j.Transit(ended, broker.StatePreempted, "preempted", joinDetail(stop.Detail, exit))
 		t := ended
 		j.LastCheckpointAt = &t
-		j.Placements, j.Stop = nil, nil
+		// Back in the queue unbound: it may resume on-prem or burst anew.
+		j.Placements, j.Stop, j.Machine = nil, nil, ""
 		j.Transit(ended, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
 		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
@@ -375,7 +399,7 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		backoff := retryBackoff(j.Retries)
 		nb := ended.Add(backoff)
 		j.NotBefore = &nb
-		j.Placements = nil
+		j.Placements, j.Machine = nil, ""
 		j.Transit(ended, broker.StatePending, "retry",
 			fmt.Sprintf("%s; retry %d/%d after %s", exit, j.Retries, j.Spec.MaxRetries, broker.FormatDuration(backoff)))
 	default:

@@ -389,7 +389,8 @@ func (e *engine) handle(ev event) bool {
 		sj.j.Transit(e.now, broker.StatePreempted, "preempted", stop.Detail)
 		t := e.now
 		sj.j.LastCheckpointAt = &t
-		sj.j.Placements, sj.j.Stop = nil, nil
+		// Back in the queue unbound: it may resume on-prem or burst anew.
+		sj.j.Placements, sj.j.Stop, sj.j.Machine = nil, nil, ""
 		sj.j.Transit(e.now, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
 		e.pending++
 		return true
@@ -598,6 +599,15 @@ func (e *engine) stop(sj *sjob, reason, detail, by string) {
 	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: j.Attempt})
 }
 
+// lastQueued is when a job last entered the queue: the time the
+// scheduler's starvation guard counts from.
+func lastQueued(j *broker.Job) time.Time {
+	if n := len(j.History); n > 0 && j.History[n-1].To == broker.StatePending {
+		return j.History[n-1].At
+	}
+	return j.SubmittedAt
+}
+
 // wantWake asks for a scheduling cycle at t.
 func (e *engine) wantWake(t time.Time) {
 	if t.After(e.now) && (e.nextWake.IsZero() || t.Before(e.nextWake)) {
@@ -626,7 +636,7 @@ func (e *engine) wantBurst(t time.Time) {
 }
 
 // arm sets the timers after an instant: a scheduling cycle when a pending
-// job reaches the starvation age (or one was asked for), and a burst tick
+// job reaches the starvation age in the queue (or one was asked for), and a burst tick
 // for what the controller waits on — minimum waits (noted by burst), an
 // idle machine's TTL, a machine's lifetime, a new budget month for jobs a
 // budget holds back.
@@ -634,7 +644,7 @@ func (e *engine) arm() {
 	if age := e.policy.StarvationAge; age > 0 && e.pending > 0 {
 		for _, sj := range e.live {
 			if sj.j.State == broker.StatePending {
-				e.wantWake(sj.j.SubmittedAt.Add(age))
+				e.wantWake(lastQueued(sj.j).Add(age))
 			}
 		}
 	}

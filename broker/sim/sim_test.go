@@ -260,27 +260,26 @@ func TestMachineLifetimeDrainsItsJobs(t *testing.T) {
 	// One GPU on-prem, busy for 2 hours; the second job bursts at once,
 	// starts after the 1-minute lead time, and its machine reaches its
 	// 1-hour lifetime: the job is stopped with its checkpoint signal
-	// (59 minutes of work saved), exits 10 seconds later, and the machine
-	// ends. The job then waits for the on-prem GPU: like the broker, the
-	// simulator leaves the drained job's Machine set, and the burst
-	// decision does not launch for a job it believes bound.
+	// (59 minutes of work saved) and exits 10s later, unbound; a
+	// preempted job keeps its wait, so it bursts again at once, on a
+	// second machine.
 	tr := csvTrace(t, "0,7200,1,a,medium,default", "0,5400,1,a,medium,default")
 	r := run(t, tr, c, "burst-any-pending", Options{Seed: 1, RecordStarts: true})
-	if r.Preemptions != 1 || r.Resumptions != 1 || r.Machines != 1 || r.Succeeded != 2 {
-		t.Fatalf("preemptions %d, resumptions %d, machines %d, succeeded %d; want 1, 1, 1, 2", r.Preemptions, r.Resumptions, r.Machines, r.Succeeded)
+	if r.Preemptions != 1 || r.Resumptions != 1 || r.Machines != 2 || r.Succeeded != 2 {
+		t.Fatalf("preemptions %d, resumptions %d, machines %d, succeeded %d; want 1, 1, 2, 2", r.Preemptions, r.Resumptions, r.Machines, r.Succeeded)
 	}
 	t0 := tr.Jobs[0].Submit
 	var got []string
 	for _, s := range r.Starts {
 		got = append(got, fmt.Sprintf("%s@%s burst=%v", s.Job, s.At.Sub(t0), s.Burst))
 	}
-	want := []string{"j000001@0s burst=false", "j000002@1m0s burst=true", "j000002@2h0m0s burst=false"}
+	want := []string{"j000001@0s burst=false", "j000002@1m0s burst=true", "j000002@1h1m10s burst=true"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("starts %v, want %v", got, want)
 	}
 	// 31 minutes of work were left after the checkpoint.
-	if r.JCT.Max != (2*time.Hour + 31*time.Minute).Seconds() {
-		t.Fatalf("JCT max %vs, want 2h31m", r.JCT.Max)
+	if r.JCT.Max != (2*time.Hour).Seconds() || r.Wait.Max != time.Minute.Seconds() {
+		t.Fatalf("JCT max %vs, wait max %vs; want 2h (the on-prem job), 1m", r.JCT.Max, r.Wait.Max)
 	}
 }
 

@@ -68,6 +68,10 @@ func (f *fakeBroker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		for _, rep := range req.Jobs {
+			// Like the broker, never let a late heartbeat undo an end.
+			if old, ok := f.reports[rep.JobRef]; ok && old.State != agentapi.RunRunning {
+				continue
+			}
 			f.reports[rep.JobRef] = rep
 			resp.LogOffsets[fmt.Sprintf("%s/%d", rep.Job, rep.Attempt)] = int64(len(f.logs[rep.JobRef]))
 			if rep.State != agentapi.RunRunning {
@@ -75,8 +79,32 @@ func (f *fakeBroker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				f.acked[rep.JobRef] = true
 			}
 		}
-		resp.Start, f.pending = f.pending, nil
-		resp.Stop, f.stops = f.stops, nil
+		if req.Wait > 0 && len(f.pending) == 0 && len(f.stops) == 0 && len(resp.Ack) == 0 {
+			// A long poll, as the broker does it: reports are recorded
+			// first, then a quiet answer is held a little so the agent
+			// does not spin.
+			f.mu.Unlock()
+			time.Sleep(min(req.Wait, 50*time.Millisecond))
+			f.mu.Lock()
+		}
+		// Orders stay until the agent's reports show them carried out, as
+		// the broker derives them from state: an answer lost to a
+		// cancelled long poll loses nothing.
+		var keep []agentapi.Assignment
+		for _, a := range f.pending {
+			if _, ok := f.reports[a.JobRef]; !ok {
+				keep = append(keep, a)
+			}
+		}
+		f.pending = keep
+		var stops []agentapi.StopOrder
+		for _, o := range f.stops {
+			if rep, ok := f.reports[o.JobRef]; !ok || rep.State == agentapi.RunRunning {
+				stops = append(stops, o)
+			}
+		}
+		f.stops = stops
+		resp.Start, resp.Stop = f.pending, f.stops
 		json.NewEncoder(w).Encode(resp)
 	default:
 		http.NotFound(w, r)
@@ -144,7 +172,11 @@ func (r *rig) waitEnded(job string, within time.Duration) agentapi.JobReport {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	r.t.Fatalf("job %s did not end within %s", job, within)
+	rep, ok := r.fb.report(job)
+	r.fb.mu.Lock()
+	last := r.fb.last
+	r.fb.mu.Unlock()
+	r.t.Fatalf("job %s did not end within %s (its last report %+v, known %v; last sync %+v)", job, within, rep, ok, last)
 	return agentapi.JobReport{}
 }
 
@@ -280,7 +312,13 @@ func TestTimeoutWithoutBroker(t *testing.T) {
 	r.fb.mu.Lock()
 	r.fb.down = true
 	r.fb.mu.Unlock()
-	time.Sleep(2 * time.Second)
+	deadline = time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatalf("the job did not get its signal at its timeout while the broker was down: %v", err)
 	}
