@@ -28,6 +28,13 @@ type Policy struct {
 	Hysteresis float64 `json:"hysteresis"`
 	// MinWait is how long burst-eligible work waits before it bursts.
 	MinWait time.Duration `json:"minWait"`
+	// WaitPerGPUHour, when positive, replaces MinWait with a minimum wait
+	// per job in proportion to what the job would cost in the cloud: this
+	// much for every GPU-hour it declares (GPUs × nodes × timeout). Small,
+	// short jobs go out almost at once; large, long ones wait for owned
+	// capacity (Starburst's linear_cost, on declared timeouts). A queue's
+	// own minWait still overrides it.
+	WaitPerGPUHour time.Duration `json:"waitPerGPUHour,omitempty"`
 	// MaxInFlight caps machines being requested, provisioned or
 	// bootstrapped at once; MaxInFlightPerProvider caps them per provider.
 	MaxInFlight            int `json:"maxInFlight"`
@@ -88,6 +95,22 @@ type Job struct {
 	// minimum wait for this job alone: per-job waiting policies (the
 	// simulator's Starburst policies) set it.
 	MinWait time.Duration `json:"minWait,omitempty"`
+}
+
+// MinWaitFor is how long job j waits before it may burst: its own
+// MinWait when set, else its queue's minWait, else WaitPerGPUHour × its
+// declared GPU-hours when that is set, else the policy's MinWait.
+func (p Policy) MinWaitFor(j Job) time.Duration {
+	switch q := p.Queues[j.Queue]; {
+	case j.MinWait > 0:
+		return j.MinWait
+	case q.MinWait > 0:
+		return q.MinWait
+	case p.WaitPerGPUHour > 0:
+		gpuHours := float64(j.GPUs*max(1, j.Nodes)) * j.Timeout.Hours()
+		return time.Duration(float64(p.WaitPerGPUHour) * gpuHours)
+	}
+	return p.MinWait
 }
 
 // MachineState is where a burst machine is in its life.
@@ -300,13 +323,7 @@ func Decide(in *Input) Decision {
 				Message: fmt.Sprintf("below threshold: on-prem %.0f%% < %.0f%%", 100*d.Allocation, 100*thr)}
 			continue
 		}
-		minWait := p.MinWait
-		if q.MinWait > 0 {
-			minWait = q.MinWait
-		}
-		if j.MinWait > 0 {
-			minWait = j.MinWait
-		}
+		minWait := p.MinWaitFor(j)
 		waited := in.Now.Sub(j.WaitingSince)
 		missesTarget := q.WaitTarget > 0 && j.EstimatedStart != nil && j.EstimatedStart.Sub(j.WaitingSince) > q.WaitTarget
 		if !prefer && waited < minWait && !missesTarget {

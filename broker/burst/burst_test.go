@@ -1,6 +1,7 @@
 package burst
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,42 @@ func TestPerJobMinWait(t *testing.T) {
 	if r := d.Reasons["plain"]; r.Code != CodeMinWait || !strings.Contains(r.Message, "of the 2m minimum") {
 		t.Fatalf("a job without its own minimum keeps the policy's: %+v", r)
 	}
+}
+
+func TestWaitPerGPUHour(t *testing.T) {
+	// 1 minute per declared GPU-hour: the small, short job waits 30s, the
+	// 8-GPU, 4-hour one 32 minutes; both have waited 5 minutes.
+	small := mk("small").team("a").obj()
+	small.Timeout = 30 * time.Minute
+	large := mk("large").gpus(8).team("b").obj()
+	large.Timeout = 4 * time.Hour
+	pinned := mk("pinned").gpus(8).team("c").obj()
+	pinned.Queue = "inference"
+	in := input(90, small, large, pinned)
+	in.Policy.WaitPerGPUHour = time.Minute
+	in.Policy.Queues = map[string]QueuePolicy{"inference": {MinWait: time.Minute}}
+	for j, want := range map[Job]time.Duration{small: 30 * time.Second, large: 32 * time.Minute, pinned: time.Minute} {
+		if got := in.Policy.MinWaitFor(j); got != want {
+			t.Errorf("%s: minimum wait %v, want %v", j.ID, got, want)
+		}
+	}
+	d := Decide(in)
+	var went []string
+	for _, l := range d.Launches {
+		went = append(went, l.Jobs...)
+	}
+	if diff := cmp.Diff([]string{"pinned", "small"}, sortedCopy(went)); diff != "" {
+		t.Fatalf("jobs past their own minimum should go (-want +got):\n%s", diff)
+	}
+	if r := d.Reasons["large"]; r.Code != CodeMinWait || !strings.Contains(r.Message, "of the 32m minimum") {
+		t.Fatalf("the 8-GPU, 4-hour job waits 32 minutes: %+v", r)
+	}
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string(nil), s...)
+	slices.Sort(out)
+	return out
 }
 
 func TestOfferChoice(t *testing.T) {

@@ -24,6 +24,9 @@ type Burst struct {
 	Hysteresis float64 `json:"hysteresis,omitempty"`
 	// MinWait is how long burst-eligible work waits first.
 	MinWait broker.Duration `json:"minWait,omitempty"`
+	// WaitPerGPUHour, when set, replaces MinWait with a wait per job of
+	// this much per GPU-hour the job declares (GPUs × nodes × timeout).
+	WaitPerGPUHour broker.Duration `json:"waitPerGPUHour,omitempty"`
 	// MaxInFlight caps machines starting at once; per provider too.
 	MaxInFlight            int `json:"maxInFlight,omitempty"`
 	MaxInFlightPerProvider int `json:"maxInFlightPerProvider,omitempty"`
@@ -149,6 +152,9 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 	if b.MinWait < 0 {
 		add("burst.minWait", broker.CodeOutOfRange, "must not be negative")
 	}
+	if b.WaitPerGPUHour < 0 || b.WaitPerGPUHour.D() > time.Hour {
+		add("burst.waitPerGPUHour", broker.CodeOutOfRange, "must be between 0 and 1h, e.g. 30s")
+	}
 	if b.MaxInFlight < 1 || b.MaxInFlight > 1000 {
 		add("burst.maxInFlight", broker.CodeOutOfRange, "must be between 1 and 1000")
 	}
@@ -219,7 +225,7 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 // BurstPolicy is the burst decision's policy from the config.
 func (c *Config) BurstPolicy() burst.Policy {
 	b := c.Burst
-	p := burst.Policy{Threshold: b.Threshold, Hysteresis: b.Hysteresis, MinWait: b.MinWait.D(),
+	p := burst.Policy{Threshold: b.Threshold, Hysteresis: b.Hysteresis, MinWait: b.MinWait.D(), WaitPerGPUHour: b.WaitPerGPUHour.D(),
 		MaxInFlight: b.MaxInFlight, MaxInFlightPerProvider: b.MaxInFlightPerProvider,
 		IdleTTL: b.IdleTTL.D(), MaxLifetime: b.MaxLifetime.D(), LeaseMargin: b.LeaseMargin.D(),
 		Queues: map[string]burst.QueuePolicy{}, Priorities: map[string]int{}}

@@ -68,6 +68,7 @@ func TestBadConfigNamesField(t *testing.T) {
 		"dataDir: x\nagents: {lostAfter: 1}":                                           "agents.lostAfter",
 		"dataDir: x\nschedulr: {}":                                                     "schedulr",
 		"dataDir: x\nstore: mysql://x":                                                 "store",
+		"dataDir: x\nburst: {waitPerGPUHour: 2h}":                                      "burst.waitPerGPUHour",
 	}
 	for doc, field := range cases {
 		_, err := Parse([]byte(doc))

@@ -181,13 +181,19 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 	if err := tr.Validate(queues, prios); err != nil {
 		return nil, err
 	}
+	if p.Wait.Kind == WaitDeclaredCost {
+		// costWait=β is the broker's burst.waitPerGPUHour, calibrated on
+		// the trace so that the waits sum to β × the declared run time.
+		p.Burst.WaitPerGPUHour = DeclaredCostRate(p.Wait.Budget, tr.Jobs)
+		p.Wait = WaitRule{}
+	}
 	e := &engine{
 		c: c, pol: p, policy: c.Config.Policy(), core: sched.New(), opt: opt,
 		lead:   rand.New(rand.NewPCG(opt.Seed, 0x6c656164)), // "lead"
 		capRNG: rand.New(rand.NewPCG(opt.Seed, 0x63617061)), // "capa"
 		byID:   make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
 		committed: map[time.Time]map[string]billing.Amount{}, every: c.Config.Burst.Interval.D(),
-		largest: c.LargestNode(), res: &Result{Policy: p.Name},
+		largest: c.LargestNode(), res: &Result{Policy: p.Name, WaitPerGPUHour: p.Burst.WaitPerGPUHour},
 	}
 	start := tr.Jobs[0].Submit
 	e.start, e.now = start, start

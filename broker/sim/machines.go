@@ -185,13 +185,9 @@ func (e *engine) wakeMinWait(sj *sjob) {
 	if sj == nil {
 		return
 	}
-	w := e.pol.Burst.MinWait
-	if q := e.pol.Burst.Queues[sj.t.Queue]; q.MinWait > 0 {
-		w = q.MinWait
-	}
-	if sj.minWait > 0 {
-		w = sj.minWait
-	}
+	r := sj.j.Spec.Resources
+	w := e.pol.Burst.MinWaitFor(burst.Job{Queue: sj.j.Spec.Queue, GPUs: r.GPUs, Nodes: max(1, r.Nodes),
+		Timeout: sj.j.Spec.Timeout.D(), MinWait: sj.minWait})
 	e.wantBurst(waitingSince(sj.j).Add(w))
 }
 

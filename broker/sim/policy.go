@@ -250,38 +250,52 @@ func queueNames(c *Cluster) []string {
 	return out
 }
 
-// jobWaits computes each job's minimum wait under rule w, by job id, over
-// the jobs of the replay: the Starburst formulas with their coefficient
-// chosen so that the waits sum to Budget × Σ run time.
+// jobWaits computes each job's minimum wait under Starburst rule w, by job
+// id, over the jobs of the replay: the Starburst formulas with their
+// coefficient chosen so that the waits sum to Budget × Σ run time. They
+// use each job's true run time, which only a simulator knows; costWait
+// (WaitDeclaredCost) is the broker's burst.waitPerGPUHour instead (see
+// DeclaredCostRate) and gives no per-job waits here.
 func jobWaits(w WaitRule, jobs []Job) map[string]time.Duration {
-	if w.Kind == "" || w.Kind == WaitZero || len(jobs) == 0 {
+	if w.Kind == "" || w.Kind == WaitZero || w.Kind == WaitDeclaredCost || len(jobs) == 0 {
 		return nil
-	}
-	run := func(j Job) float64 {
-		if w.Kind == WaitDeclaredCost {
-			return DeclaredTimeout(j.Duration).Seconds()
-		}
-		return j.Duration.Seconds()
 	}
 	var sumRun, sumCost float64
 	for _, j := range jobs {
-		r := run(j)
+		r := j.Duration.Seconds()
 		sumRun += r
 		sumCost += float64(j.GPUs) * r
 	}
 	out := make(map[string]time.Duration, len(jobs))
 	for _, j := range jobs {
-		r := run(j)
+		r := j.Duration.Seconds()
 		var wait float64
 		switch w.Kind {
 		case WaitConstant:
 			wait = w.Budget * sumRun / float64(len(jobs))
 		case WaitLinearRuntime:
 			wait = w.Budget * r
-		case WaitLinearCost, WaitDeclaredCost:
+		case WaitLinearCost:
 			wait = w.Budget * sumRun / sumCost * float64(j.GPUs) * r
 		}
 		out[j.ID] = time.Duration(wait * float64(time.Second))
 	}
 	return out
+}
+
+// DeclaredCostRate is the burst.waitPerGPUHour that makes the jobs' waits
+// (rate × GPUs × declared timeout) sum to β × their declared run time:
+// Starburst's linear_cost waiting budget on what the broker knows. The
+// sweep prints it so that an operator can put it in the config.
+func DeclaredCostRate(beta float64, jobs []Job) time.Duration {
+	var sumRun, sumCost float64
+	for _, j := range jobs {
+		r := DeclaredTimeout(j.Duration).Seconds()
+		sumRun += r
+		sumCost += float64(j.GPUs) * r
+	}
+	if sumCost == 0 {
+		return 0
+	}
+	return time.Duration(beta * sumRun / sumCost * float64(time.Hour)).Round(time.Millisecond)
 }

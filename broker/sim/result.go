@@ -52,6 +52,9 @@ type BudgetMonth struct {
 // Result is what one policy did with one trace.
 type Result struct {
 	Policy string `json:"policy"`
+	// WaitPerGPUHour is the burst policy's burst.waitPerGPUHour, when set
+	// (costWait=β policies calibrate it on the trace).
+	WaitPerGPUHour time.Duration `json:"waitPerGPUHour,omitempty"`
 	// Jobs in the trace; Succeeded ran to the end, TimedOut were stopped
 	// at their timeout, NeverStarted were still waiting when no event was
 	// left (no node and no offer could ever hold them).

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
 )
 
 // testCluster is two nodes of 4 GPUs, offers of 1 and 4 GPUs at 2 USD
@@ -374,18 +375,11 @@ func TestParsePolicies(t *testing.T) {
 func TestJobWaitsSpendTheWaitingBudget(t *testing.T) {
 	jobs := []Job{{ID: "a", GPUs: 1, Duration: time.Hour}, {ID: "b", GPUs: 8, Duration: 2 * time.Hour}, {ID: "c", GPUs: 2, Duration: 15 * time.Minute}}
 	sumRun := 3.25 * 3600.0
-	for _, kind := range []string{WaitConstant, WaitLinearRuntime, WaitLinearCost, WaitDeclaredCost} {
+	for _, kind := range []string{WaitConstant, WaitLinearRuntime, WaitLinearCost} {
 		w := jobWaits(WaitRule{Kind: kind, Budget: 0.5}, jobs)
 		total := 0.0
 		for _, d := range w {
 			total += d.Seconds()
-		}
-		if kind == WaitDeclaredCost {
-			// Declared timeouts: 1h, 2h, 15m.
-			if want := 0.5 * 3.25 * 3600; math.Abs(total-want) > 1e-3 {
-				t.Errorf("%s: waits sum to %vs, want β × Σ timeout = %vs", kind, total, want)
-			}
-			continue
 		}
 		if math.Abs(total-0.5*sumRun) > 1e-3 {
 			t.Errorf("%s: waits sum to %vs, want β × Σ run = %vs", kind, total, 0.5*sumRun)
@@ -397,6 +391,20 @@ func TestJobWaitsSpendTheWaitingBudget(t *testing.T) {
 	}
 	if jobWaits(WaitRule{Kind: WaitZero}, jobs) != nil {
 		t.Fatal("zero has no per-job waits")
+	}
+	if jobWaits(WaitRule{Kind: WaitDeclaredCost, Budget: 0.5}, jobs) != nil {
+		t.Fatal("costWait is the burst policy's waitPerGPUHour, not per-job waits")
+	}
+	// costWait: the broker's rule (rate × GPUs × declared timeout), its
+	// rate calibrated so that the waits sum to β × Σ declared timeout
+	// (here 1h, 2h, 15m).
+	pol := burst.Policy{MinWait: 2 * time.Minute, WaitPerGPUHour: DeclaredCostRate(0.5, jobs)}
+	total := 0.0
+	for _, j := range jobs {
+		total += pol.MinWaitFor(burst.Job{GPUs: j.GPUs, Nodes: 1, Timeout: DeclaredTimeout(j.Duration)}).Seconds()
+	}
+	if want := 0.5 * 3.25 * 3600; math.Abs(total-want) > 0.1 {
+		t.Errorf("costWait: waits sum to %vs, want β × Σ timeout = %vs", total, want)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 // SweepPoint is one configuration of a sweep and what it did.
@@ -21,6 +22,9 @@ type SweepPoint struct {
 	P95Wait       float64 `json:"p95Wait_s"`
 	Cost          float64 `json:"cost"`
 	BurstGPUHours float64 `json:"burstGPUHours"`
+	// WaitPerGPUHour is the burst.waitPerGPUHour a costWait point ran
+	// with: the value to put in the broker's config for that point.
+	WaitPerGPUHour time.Duration `json:"waitPerGPUHour,omitempty"`
 	// Frontier marks the points no other point of the family beats on
 	// both JCT and cost.
 	Frontier bool `json:"frontier"`
@@ -139,7 +143,7 @@ func Frontier(results []*Result) *SweepResult {
 	out := &SweepResult{AllAtOrBelow: true, CostWaitAllAtOrBelow: true}
 	for _, r := range results {
 		out.Points = append(out.Points, SweepPoint{Policy: r.Policy, Family: familyOf(r.Policy), MeanJCT: r.JCT.Mean,
-			P95Wait: r.Wait.P95, Cost: money(r.BurstCost), BurstGPUHours: r.BurstGPUHours})
+			P95Wait: r.Wait.P95, Cost: money(r.BurstCost), BurstGPUHours: r.BurstGPUHours, WaitPerGPUHour: r.WaitPerGPUHour})
 	}
 	slices.SortStableFunc(out.Points, func(a, b SweepPoint) int {
 		if c := strings.Compare(a.Family, b.Family); c != 0 {
@@ -198,7 +202,11 @@ func (s *SweepResult) WriteTable(w io.Writer, currency string) error {
 		if p.Frontier {
 			mark = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t\n", p.Policy, human(p.MeanJCT), human(p.P95Wait), p.BurstGPUHours, p.Cost, mark)
+		name := p.Policy
+		if p.WaitPerGPUHour > 0 {
+			name += fmt.Sprintf(" (waitPerGPUHour %s)", p.WaitPerGPUHour)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t\n", name, human(p.MeanJCT), human(p.P95Wait), p.BurstGPUHours, p.Cost, mark)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
