@@ -106,7 +106,7 @@ func (o Offer) Key() string {
 	if o.Spot {
 		market = "spot"
 	}
-	return fmt.Sprintf("%s/%s/%s/%s/%s", o.Provider, o.Region, o.Zone, o.InstanceType, market)
+	return o.Provider + "/" + o.Region + "/" + o.Zone + "/" + o.InstanceType + "/" + market
 }
 
 // PricePerGPUHour is the price of one GPU-hour on this offer, the rate

@@ -247,7 +247,7 @@ func Decide(in *Input) Decision {
 		d.Active = false
 	}
 
-	machines := map[string]*Machine{}
+	machines := make(map[string]*Machine, len(in.Machines))
 	inFlight, perProvider := 0, map[string]int{}
 	for i := range in.Machines {
 		m := &in.Machines[i]
@@ -257,7 +257,7 @@ func Decide(in *Input) Decision {
 			perProvider[m.Provider]++
 		}
 	}
-	d.Stops = scaleDown(in, machines)
+	d.Stops = scaleDown(in)
 	stopping := map[string]bool{}
 	for _, s := range d.Stops {
 		stopping[s.Machine] = true
@@ -287,13 +287,16 @@ func Decide(in *Input) Decision {
 	})
 	// Spare room on machines launched but not full: jobs of the same team
 	// may be bound to them (warm machines before new ones).
-	spare := map[string]int{}
-	for _, m := range in.Machines {
+	// spare[i] is the room on in.Machines[i]; -1 when it takes no job.
+	spare := make([]int, len(in.Machines))
+	for i, m := range in.Machines {
+		spare[i] = -1
 		if (m.State.InFlight() || m.State == Ready) && !stopping[m.ID] {
-			spare[m.ID] = m.Offer.GPUs - m.GPUsUsed
+			spare[i] = m.Offer.GPUs - m.GPUsUsed
 		}
 	}
 	var planned []*Launch
+	var demand map[likeKey]int // built when a job first needs a new machine
 
 	for _, j := range jobs {
 		if j.Machine != "" {
@@ -332,9 +335,9 @@ func Decide(in *Input) Decision {
 			continue
 		}
 		// A machine already on its way or idle with room, same team.
-		if id := bindable(in.Machines, spare, stopping, j); id != "" {
-			spare[id] -= j.GPUs
-			d.Binds = append(d.Binds, Bind{Job: j.ID, Machine: id})
+		if i := bindable(in.Machines, spare, j); i >= 0 {
+			spare[i] -= j.GPUs
+			d.Binds = append(d.Binds, Bind{Job: j.ID, Machine: in.Machines[i].ID})
 			continue
 		}
 		// Room in a launch planned this round.
@@ -353,7 +356,10 @@ func Decide(in *Input) Decision {
 				Message: fmt.Sprintf("burst capped: %d machines already starting (maxInFlight %d)", inFlight, p.MaxInFlight)}
 			continue
 		}
-		remaining := demandLike(jobs, j)
+		if demand == nil {
+			demand = demandByKind(jobs)
+		}
+		remaining := max(demand[likeKey{j.Team, j.GPUModel, j.Preemptible}], j.GPUs)
 		offer, fallbacks, ok := chooseOffer(fit, j, remaining, perProvider, p.MaxInFlightPerProvider)
 		if !ok {
 			d.Reasons[j.ID] = broker.PendingReason{Code: CodeCapped,
@@ -424,17 +430,24 @@ func noOfferMessage(j Job) string {
 	}
 }
 
-// demandLike is the GPUs of the jobs that could share a machine with j
-// (same team, same constraints): what a bigger machine could be filled
+// likeKey groups the waiting jobs that could share a machine: same team,
+// same constraints.
+type likeKey struct {
+	team, model string
+	preemptible bool
+}
+
+// demandByKind sums the GPUs of the waiting jobs not yet on a machine that
+// could share one, by likeKey: what a bigger machine could be filled
 // with.
-func demandLike(jobs []Job, j Job) int {
-	n := 0
+func demandByKind(jobs []Job) map[likeKey]int {
+	out := map[likeKey]int{}
 	for _, o := range jobs {
-		if o.Machine == "" && o.Team == j.Team && o.GPUModel == j.GPUModel && o.Preemptible == j.Preemptible && o.Nodes <= 1 && o.Burst != broker.BurstNever {
-			n += o.GPUs
+		if o.Machine == "" && o.Nodes <= 1 && o.Burst != broker.BurstNever {
+			out[likeKey{o.Team, o.GPUModel, o.Preemptible}] += o.GPUs
 		}
 	}
-	return max(n, j.GPUs)
+	return out
 }
 
 // chooseOffer picks the offer for a new machine: prepaid capacity first;
@@ -469,9 +482,10 @@ func chooseOffer(fit []providers.Offer, j Job, demand int, perProvider map[strin
 		}
 	}
 	chosen := open[best]
+	key := chosen.Key()
 	var rest []providers.Offer
 	for _, o := range fit {
-		if o.Key() != chosen.Key() {
+		if o != chosen && o.Key() != key {
 			rest = append(rest, o)
 		}
 	}
@@ -501,16 +515,19 @@ func packInto(planned []*Launch, j Job) *Launch {
 	return nil
 }
 
-func bindable(ms []Machine, spare map[string]int, stopping map[string]bool, j Job) string {
-	for _, m := range ms {
-		if stopping[m.ID] || m.Team != j.Team || (!m.State.InFlight() && m.State != Ready) {
+// bindable is the index in ms of the first machine of j's team with room
+// for it (spare, from Decide), or -1.
+func bindable(ms []Machine, spare []int, j Job) int {
+	for i := range ms {
+		m := &ms[i]
+		if spare[i] < j.GPUs || m.Team != j.Team {
 			continue
 		}
-		if spare[m.ID] >= j.GPUs && offerFits(m.Offer, j) {
-			return m.ID
+		if offerFits(m.Offer, j) {
+			return i
 		}
 	}
-	return ""
+	return -1
 }
 
 // projectedHours is the job's timeout capped by the machine's lifetime.
@@ -574,20 +591,16 @@ func Money(a billing.Amount) string {
 }
 
 // scaleDown ends machines idle past the TTL, past their lifetime, or near
-// the end of their lease.
-func scaleDown(in *Input, machines map[string]*Machine) []Stop {
+// the end of their lease, in machine id order.
+func scaleDown(in *Input) []Stop {
 	p := in.Policy
 	var out []Stop
-	ids := make([]string, 0, len(machines))
-	for id := range machines {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		m := machines[id]
+	for i := range in.Machines {
+		m := &in.Machines[i]
 		if m.State != Ready && m.State != Draining {
 			continue
 		}
+		id := m.ID
 		switch {
 		case p.MaxLifetime > 0 && !m.LaunchedAt.IsZero() && in.Now.Sub(m.LaunchedAt) >= p.MaxLifetime:
 			out = append(out, Stop{Machine: id, Reason: "max_lifetime",
@@ -602,5 +615,6 @@ func scaleDown(in *Input, machines map[string]*Machine) []Stop {
 			out = append(out, Stop{Machine: id, Reason: "drained", Detail: "drained"})
 		}
 	}
+	slices.SortFunc(out, func(a, b Stop) int { return strings.Compare(a.Machine, b.Machine) })
 	return out
 }

@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"cmp"
 	"slices"
 )
 
@@ -46,13 +45,11 @@ func (c *cycle) reserve(pi int32) bool {
 			}
 		}
 	}
-	slices.SortFunc(ev, func(a, b release) int {
-		if a.at != b.at {
-			return cmp.Compare(a.at, b.at)
-		}
-		return cmp.Compare(a.node, b.node)
-	})
+	// The sweep takes releases in (at, node) order and usually stops after
+	// a few of them, so they go in a min-heap (built in linear time)
+	// rather than being sorted.
 	c.scratch.releases = ev
+	heapifyReleases(ev)
 
 	freeAt := c.scratch.freeAt[:0]
 	for i := range c.nodes {
@@ -127,11 +124,12 @@ func (c *cycle) reserve(pi int32) bool {
 
 	at := c.nowNs
 	nodes := pick()
-	for k := 0; nodes == nil && k < len(ev); {
-		at = ev[k].at
+	for nodes == nil && len(ev) > 0 {
+		at = ev[0].at
 		changed := false
-		for ; k < len(ev) && ev[k].at == at; k++ {
-			i := ev[k].node
+		for len(ev) > 0 && ev[0].at == at {
+			i := ev[0].node
+			ev = popRelease(ev)
 			freeAt[i]++
 			total++
 			changed = changed || fits(i)
@@ -155,4 +153,42 @@ func (c *cycle) reserve(pi int32) bool {
 		nd.extra = int(freeAt[i]) - p.g
 	}
 	return true
+}
+
+func (a release) less(b release) bool {
+	return a.at < b.at || (a.at == b.at && a.node < b.node)
+}
+
+// heapifyReleases makes h a binary min-heap by (at, node).
+func heapifyReleases(h []release) {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		siftDownRelease(h, i)
+	}
+}
+
+// popRelease removes the least release, h[0], and returns the shorter heap.
+func popRelease(h []release) []release {
+	n := len(h) - 1
+	h[0] = h[n]
+	h = h[:n]
+	siftDownRelease(h, 0)
+	return h
+}
+
+func siftDownRelease(h []release, i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		m := l
+		if r := l + 1; r < len(h) && h[r].less(h[l]) {
+			m = r
+		}
+		if !h[m].less(h[i]) {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
 }
