@@ -72,7 +72,8 @@ const AllPolicies = defaultPolicyList
 // optionally followed by ":key=value" overrides: threshold, hysteresis,
 // minWait, waitTarget (every queue), idleTTL, maxInFlight, budget (β of a
 // Starburst policy), costWait (β of a per-job minimum wait in proportion
-// to GPUs × declared timeout, on any policy), and QUEUE.minWait,
+// to GPUs × declared timeout, on any policy: waitPerGPUHour calibrated on
+// the trace), waitPerGPUHour (the broker's setting), and QUEUE.minWait,
 // QUEUE.waitTarget, QUEUE.threshold for one queue
 // ("spillway:high_perf.minWait=1h").
 func ParsePolicies(list string, c *Cluster) ([]Policy, error) {
@@ -194,6 +195,8 @@ func (p *Policy) set(k, v string, queues []string) error {
 	case "costWait":
 		p.Wait = WaitRule{Kind: WaitDeclaredCost}
 		p.Wait.Budget, err = num(0, 100)
+	case "waitPerGPUHour":
+		p.Burst.WaitPerGPUHour, err = dur()
 	case "budget":
 		if p.Wait.Kind == "" || p.Wait.Kind == WaitZero {
 			return fmt.Errorf("only the starburst constant, linear-runtime and linear-cost policies have a waiting budget")
@@ -202,7 +205,7 @@ func (p *Policy) set(k, v string, queues []string) error {
 	default:
 		queue, field, ok := strings.Cut(k, ".")
 		if !ok || !slices.Contains(queues, queue) {
-			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, costWait, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
+			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, costWait, waitPerGPUHour, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
 		}
 		switch field {
 		case "minWait", "waitTarget":

@@ -350,12 +350,12 @@ func TestParsePolicies(t *testing.T) {
 	if err != nil || len(pols) != 7 {
 		t.Fatalf("%d policies, %v", len(pols), err)
 	}
-	p, err := ParsePolicy("spillway:threshold=0.9:minWait=5m:waitTarget=1h:idleTTL=1m:maxInFlight=3", c)
+	p, err := ParsePolicy("spillway:threshold=0.9:minWait=5m:waitTarget=1h:idleTTL=1m:maxInFlight=3:waitPerGPUHour=45s", c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := p.Burst
-	if b.Threshold != 0.9 || b.MinWait != 5*time.Minute || b.Queues["short"].WaitTarget != time.Hour || b.IdleTTL != time.Minute || b.MaxInFlight != 3 {
+	if b.Threshold != 0.9 || b.MinWait != 5*time.Minute || b.Queues["short"].WaitTarget != time.Hour || b.IdleTTL != time.Minute || b.MaxInFlight != 3 || b.WaitPerGPUHour != 45*time.Second {
 		t.Fatalf("overrides not applied: %+v", b)
 	}
 	q, err := ParsePolicy("spillway:short.minWait=1h:short.threshold=0.5:default.waitTarget=2h", c)
@@ -474,9 +474,22 @@ func TestFrontierChecks(t *testing.T) {
 	want := map[string]bool{
 		"spillway starburst-linear-cost:x": true, "spillway starburst-linear-cost:y": false, "spillway starburst-linear-cost:z": false,
 		"spillway+costWait starburst-linear-cost:x": true, "spillway+costWait starburst-linear-cost:y": true, "spillway+costWait starburst-linear-cost:z": false,
+		"spillway (any) starburst-linear-cost:x": true, "spillway (any) starburst-linear-cost:y": true, "spillway (any) starburst-linear-cost:z": false,
 	}
-	if diff := cmp.Diff(want, got); diff != "" || s.AllAtOrBelow || s.CostWaitAllAtOrBelow {
+	if diff := cmp.Diff(want, got); diff != "" || s.AllAtOrBelow || s.CostWaitAllAtOrBelow || s.AnyAtOrBelow {
 		t.Fatalf("checks (-want +got):\n%s", diff)
+	}
+	// Gaps: spillway's frontier is a (100, 50) - b (200, 30); at x (210)
+	// it has no point; at y (150) it is 40 against 45. Both families
+	// together: a (100, 50) - costWait (140, 20); y at 150 is past it.
+	gaps := map[string]string{}
+	for _, c := range s.Checks {
+		if c.Gap != nil {
+			gaps[c.Family+" "+c.Starburst] = fmt.Sprintf("%+.3f", *c.Gap)
+		}
+	}
+	if diff := cmp.Diff(map[string]string{"spillway starburst-linear-cost:y": "-0.111"}, gaps); diff != "" {
+		t.Fatalf("gaps (-want +got):\n%s", diff)
 	}
 	frontier := map[string]bool{}
 	for _, p := range s.Points {

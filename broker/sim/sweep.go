@@ -32,13 +32,16 @@ type SweepPoint struct {
 
 // Sweep families.
 const (
-	// FamilySpillway is the spillway policy as the broker runs it:
-	// thresholds and minimum waits.
+	// FamilySpillway is the spillway policy with thresholds and minimum
+	// waits (burst.threshold, burst.minWait, per-queue minWait).
 	FamilySpillway = "spillway"
-	// FamilyCostWait is spillway with a per-job minimum wait in
-	// proportion to GPUs × declared timeout (costWait), which the broker
-	// does not do yet.
+	// FamilyCostWait is spillway with burst.waitPerGPUHour: a per-job
+	// minimum wait in proportion to GPUs × declared timeout (costWait=β
+	// calibrates it).
 	FamilyCostWait = "spillway+costWait"
+	// FamilyAny is every spillway configuration of the sweep, both
+	// families: what an operator can choose from.
+	FamilyAny = "spillway (any)"
 	// FamilyStarburst is Starburst's linear_cost.
 	FamilyStarburst = PolicyStarburstCost
 )
@@ -56,6 +59,11 @@ type FrontierCheck struct {
 	SpillwayJCT  float64 `json:"spillwayJCT_s,omitempty"`
 	SpillwayCost float64 `json:"spillwayCost,omitempty"`
 	AtOrBelow    bool    `json:"atOrBelow"`
+	// Gap is the family's frontier (its frontier points joined by
+	// straight lines) at the Starburst point's JCT, relative to the
+	// Starburst cost: -0.02 is 2% cheaper. Absent when the JCT is
+	// outside the family's range.
+	Gap *float64 `json:"gap,omitempty"`
 }
 
 // SweepResult is a cost-versus-JCT sweep of the spillway policy against
@@ -63,11 +71,12 @@ type FrontierCheck struct {
 type SweepResult struct {
 	Points []SweepPoint    `json:"points"`
 	Checks []FrontierCheck `json:"checks"`
-	// AllAtOrBelow reports whether every check of the spillway family (as
-	// the broker runs it) holds; CostWaitAllAtOrBelow the same for the
-	// costWait family.
+	// AllAtOrBelow reports whether every check of the threshold/minWait
+	// family holds, CostWaitAllAtOrBelow the same for the costWait family,
+	// AnyAtOrBelow for both together.
 	AllAtOrBelow         bool `json:"allAtOrBelow"`
 	CostWaitAllAtOrBelow bool `json:"costWaitAllAtOrBelow"`
+	AnyAtOrBelow         bool `json:"anyAtOrBelow"`
 }
 
 // Sweep grids: spillway's threshold × minimum wait, then minimum waits
@@ -79,6 +88,10 @@ var (
 	sweepMinWaits   = []string{"2m", "15m", "1h", "4h"}
 	sweepLargeWaits = [][2]string{{"15m", "4h"}, {"1h", "8h"}, {"4h", "16h"}}
 	sweepBudgets    = []string{"0.1", "0.25", "0.5", "1"}
+	// costWait runs at threshold 1 (burst only once every owned GPU is
+	// taken), which the replays found cheaper at equal JCT than 0.8, over
+	// a finer grid of β than Starburst's.
+	sweepCostWaits = []string{"0.05", "0.1", "0.15", "0.25", "0.35", "0.5", "0.7", "1"}
 )
 
 // SweepLargeQueue is the queue the sweep gives longer minimum waits.
@@ -97,8 +110,10 @@ func SweepPolicies(c *Cluster) ([]Policy, error) {
 			names = append(names, fmt.Sprintf("%s:minWait=%s:%s.minWait=%s", PolicySpillway, w[0], SweepLargeQueue, w[1]))
 		}
 	}
+	for _, b := range sweepCostWaits {
+		names = append(names, fmt.Sprintf("%s:threshold=1:costWait=%s", PolicySpillway, b))
+	}
 	for _, b := range sweepBudgets {
-		names = append(names, fmt.Sprintf("%s:costWait=%s", PolicySpillway, b))
 		names = append(names, fmt.Sprintf("%s:budget=%s", PolicyStarburstCost, b))
 	}
 	out := make([]Policy, 0, len(names))
@@ -159,12 +174,29 @@ func Frontier(results []*Result) *SweepResult {
 			p.Frontier = true
 		}
 	}
-	for _, fam := range []string{FamilySpillway, FamilyCostWait} {
-		has := false
+	out.AnyAtOrBelow = true
+	in := func(p SweepPoint, fam string) bool {
+		return p.Family == fam || (fam == FamilyAny && p.Family != FamilyStarburst)
+	}
+	for _, fam := range []string{FamilySpillway, FamilyCostWait, FamilyAny} {
+		var fp, front []SweepPoint // the family's points, its frontier, by JCT
 		for _, p := range out.Points {
-			has = has || p.Family == fam
+			if in(p, fam) {
+				fp = append(fp, p)
+			}
 		}
-		if !has {
+		slices.SortStableFunc(fp, func(a, b SweepPoint) int {
+			if c := cmp.Compare(a.MeanJCT, b.MeanJCT); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Cost, b.Cost)
+		})
+		for _, p := range fp {
+			if len(front) == 0 || p.Cost < front[len(front)-1].Cost {
+				front = append(front, p)
+			}
+		}
+		if len(front) == 0 {
 			continue
 		}
 		for _, s := range out.Points {
@@ -172,8 +204,12 @@ func Frontier(results []*Result) *SweepResult {
 				continue
 			}
 			ch := FrontierCheck{Family: fam, Starburst: s.Policy, MeanJCT: s.MeanJCT, StarburstCost: s.Cost, SpillwayCost: math.Inf(1)}
+			if f := frontierAt(front, s.MeanJCT); !math.IsNaN(f) && s.Cost > 0 {
+				g := f/s.Cost - 1
+				ch.Gap = &g
+			}
 			for _, p := range out.Points {
-				if p.Family == fam && p.MeanJCT <= s.MeanJCT && p.Cost < ch.SpillwayCost {
+				if in(p, fam) && p.MeanJCT <= s.MeanJCT && p.Cost < ch.SpillwayCost {
 					ch.Spillway, ch.SpillwayJCT, ch.SpillwayCost = p.Policy, p.MeanJCT, p.Cost
 				}
 			}
@@ -181,15 +217,35 @@ func Frontier(results []*Result) *SweepResult {
 				ch.SpillwayCost = 0
 			}
 			ch.AtOrBelow = ch.Spillway != "" && ch.SpillwayCost <= s.Cost
-			if fam == FamilySpillway {
+			switch fam {
+			case FamilySpillway:
 				out.AllAtOrBelow = out.AllAtOrBelow && ch.AtOrBelow
-			} else {
+			case FamilyCostWait:
 				out.CostWaitAllAtOrBelow = out.CostWaitAllAtOrBelow && ch.AtOrBelow
+			default:
+				out.AnyAtOrBelow = out.AnyAtOrBelow && ch.AtOrBelow
 			}
 			out.Checks = append(out.Checks, ch)
 		}
 	}
 	return out
+}
+
+// frontierAt is the cost of the frontier (points by increasing JCT and
+// decreasing cost) at JCT x, on the straight line between its two
+// neighbours; NaN outside its range.
+func frontierAt(front []SweepPoint, x float64) float64 {
+	for i := range front {
+		p := front[i]
+		if p.MeanJCT == x {
+			return p.Cost
+		}
+		if i > 0 && front[i-1].MeanJCT < x && x < p.MeanJCT {
+			a := front[i-1]
+			return a.Cost + (p.Cost-a.Cost)*(x-a.MeanJCT)/(p.MeanJCT-a.MeanJCT)
+		}
+	}
+	return math.NaN()
 }
 
 // WriteTable prints the sweep.
@@ -211,20 +267,25 @@ func (s *SweepResult) WriteTable(w io.Writer, currency string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\neach spillway family against starburst-linear-cost at each of its JCTs:\n")
+	fmt.Fprintf(w, "\neach spillway family against starburst-linear-cost at each of its JCTs (gap: the family's frontier at that JCT against starburst's cost):\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "family\tstarburst\tJCT mean\tcost\tcheapest no slower\tJCT mean\tcost\tat or below")
+	fmt.Fprintln(tw, "family\tstarburst\tJCT mean\tcost\tcheapest no slower\tJCT mean\tcost\tat or below\tgap")
+	hours := func(sec float64) string { return fmt.Sprintf("%.2fh", sec/3600) }
 	for _, c := range s.Checks {
-		sp, jct, cost := "none", "-", "-"
+		sp, jct, cost, gap := "none", "-", "-", "-"
 		if c.Spillway != "" {
-			sp, jct, cost = c.Spillway, human(c.SpillwayJCT), fmt.Sprintf("%.0f", c.SpillwayCost)
+			sp, jct, cost = c.Spillway, hours(c.SpillwayJCT), fmt.Sprintf("%.0f", c.SpillwayCost)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t%v\n", c.Family, c.Starburst, human(c.MeanJCT), c.StarburstCost, sp, jct, cost, c.AtOrBelow)
+		if c.Gap != nil {
+			gap = fmt.Sprintf("%+.1f%%", 100**c.Gap)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t%v\t%s\n", c.Family, c.Starburst, hours(c.MeanJCT), c.StarburstCost, sp, jct, cost, c.AtOrBelow, gap)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "spillway (as the broker runs it) at or below starburst-linear-cost at every JCT: %v\n", s.AllAtOrBelow)
-	fmt.Fprintf(w, "spillway with costWait (per-job waits from declared GPUs × timeout) at or below at every JCT: %v\n", s.CostWaitAllAtOrBelow)
+	fmt.Fprintf(w, "spillway with thresholds and minimum waits at or below starburst-linear-cost at every JCT: %v\n", s.AllAtOrBelow)
+	fmt.Fprintf(w, "spillway with waitPerGPUHour (costWait) at or below at every JCT: %v\n", s.CostWaitAllAtOrBelow)
+	fmt.Fprintf(w, "spillway, any configuration of the sweep, at or below at every JCT: %v\n", s.AnyAtOrBelow)
 	return nil
 }
