@@ -485,7 +485,7 @@ func chooseOffer(fit []providers.Offer, j Job, demand int, perProvider map[strin
 	key := chosen.Key()
 	var rest []providers.Offer
 	for _, o := range fit {
-		if o != chosen && o.Key() != key {
+		if o.Key() != key {
 			rest = append(rest, o)
 		}
 	}

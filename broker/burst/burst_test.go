@@ -169,18 +169,13 @@ func TestWaitPerGPUHour(t *testing.T) {
 	for _, l := range d.Launches {
 		went = append(went, l.Jobs...)
 	}
-	if diff := cmp.Diff([]string{"pinned", "small"}, sortedCopy(went)); diff != "" {
+	slices.Sort(went)
+	if diff := cmp.Diff([]string{"pinned", "small"}, went); diff != "" {
 		t.Fatalf("jobs past their own minimum should go (-want +got):\n%s", diff)
 	}
 	if r := d.Reasons["large"]; r.Code != CodeMinWait || !strings.Contains(r.Message, "of the 32m minimum") {
 		t.Fatalf("the 8-GPU, 4-hour job waits 32 minutes: %+v", r)
 	}
-}
-
-func sortedCopy(s []string) []string {
-	out := append([]string(nil), s...)
-	slices.Sort(out)
-	return out
 }
 
 func TestOfferChoice(t *testing.T) {

@@ -75,11 +75,7 @@ func (e *engine) burst() {
 		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
 			continue
 		}
-		bj := burst.Job{ID: j.ID, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority, Burst: j.Spec.Burst,
-			Preemptible: j.Spec.Preemptible, GPUs: j.Spec.Resources.GPUs, Nodes: max(1, j.Spec.Resources.Nodes),
-			GPUModel: j.Spec.Resources.GPUModel, GPUMemory: int64(j.Spec.Resources.GPUMemory), Timeout: j.Spec.Timeout.D(),
-			WaitingSince: waitingSince(j), Machine: j.Machine, EstimatedStart: sj.est, Why: sj.why, MinWait: sj.minWait}
-		in.Pending = append(in.Pending, bj)
+		in.Pending = append(in.Pending, sj.burstJob())
 	}
 	for _, m := range e.alive {
 		bm := burst.Machine{ID: m.id, Provider: m.offer.Provider, Offer: m.offer, State: m.state, Team: m.team,
@@ -185,10 +181,16 @@ func (e *engine) wakeMinWait(sj *sjob) {
 	if sj == nil {
 		return
 	}
-	r := sj.j.Spec.Resources
-	w := e.pol.Burst.MinWaitFor(burst.Job{Queue: sj.j.Spec.Queue, GPUs: r.GPUs, Nodes: max(1, r.Nodes),
-		Timeout: sj.j.Spec.Timeout.D(), MinWait: sj.minWait})
-	e.wantBurst(waitingSince(sj.j).Add(w))
+	e.wantBurst(waitingSince(sj.j).Add(e.pol.Burst.MinWaitFor(sj.burstJob())))
+}
+
+// burstJob is the waiting job as the burst decision sees it.
+func (sj *sjob) burstJob() burst.Job {
+	j := sj.j
+	return burst.Job{ID: j.ID, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority, Burst: j.Spec.Burst,
+		Preemptible: j.Spec.Preemptible, GPUs: j.Spec.Resources.GPUs, Nodes: max(1, j.Spec.Resources.Nodes),
+		GPUModel: j.Spec.Resources.GPUModel, GPUMemory: int64(j.Spec.Resources.GPUMemory), Timeout: j.Spec.Timeout.D(),
+		WaitingSince: waitingSince(j), Machine: j.Machine, EstimatedStart: sj.est, Why: sj.why, MinWait: sj.minWait}
 }
 
 // bind moves a waiting job to provisioning on machine m.

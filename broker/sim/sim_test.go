@@ -458,7 +458,7 @@ func TestFrontierChecks(t *testing.T) {
 		{Policy: "spillway:a", JCT: Stats{Mean: 100}, BurstCost: usd("50")},
 		{Policy: "spillway:b", JCT: Stats{Mean: 200}, BurstCost: usd("30")},
 		{Policy: "spillway:c", JCT: Stats{Mean: 250}, BurstCost: usd("40")},
-		{Policy: "spillway:costWait=0.5", JCT: Stats{Mean: 140}, BurstCost: usd("20")},
+		{Policy: "spillway:costWait=0.5", WaitPerGPUHour: time.Minute, JCT: Stats{Mean: 140}, BurstCost: usd("20")},
 		{Policy: "starburst-linear-cost:x", JCT: Stats{Mean: 210}, BurstCost: usd("35")},
 		{Policy: "starburst-linear-cost:y", JCT: Stats{Mean: 150}, BurstCost: usd("45")},
 		{Policy: "starburst-linear-cost:z", JCT: Stats{Mean: 90}, BurstCost: usd("99")},

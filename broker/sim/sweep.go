@@ -140,12 +140,12 @@ func Sweep(tr *Trace, c *Cluster, opt Options) (*SweepResult, error) {
 	return Frontier(res), nil
 }
 
-// familyOf sorts a policy into its sweep family.
-func familyOf(policy string) string {
+// familyOf sorts a result into its sweep family.
+func familyOf(r *Result) string {
 	switch {
-	case strings.HasPrefix(policy, PolicyStarburstCost):
+	case strings.HasPrefix(r.Policy, PolicyStarburstCost):
 		return FamilyStarburst
-	case strings.Contains(policy, ":costWait="):
+	case r.WaitPerGPUHour > 0:
 		return FamilyCostWait
 	}
 	return FamilySpillway
@@ -155,61 +155,58 @@ func familyOf(policy string) string {
 // starburst-linear-cost point and each spillway family, the cheapest
 // point of the family whose mean JCT is no longer must cost no more.
 func Frontier(results []*Result) *SweepResult {
-	out := &SweepResult{AllAtOrBelow: true, CostWaitAllAtOrBelow: true}
+	out := &SweepResult{AllAtOrBelow: true, CostWaitAllAtOrBelow: true, AnyAtOrBelow: true}
 	for _, r := range results {
-		out.Points = append(out.Points, SweepPoint{Policy: r.Policy, Family: familyOf(r.Policy), MeanJCT: r.JCT.Mean,
+		out.Points = append(out.Points, SweepPoint{Policy: r.Policy, Family: familyOf(r), MeanJCT: r.JCT.Mean,
 			P95Wait: r.Wait.P95, Cost: money(r.BurstCost), BurstGPUHours: r.BurstGPUHours, WaitPerGPUHour: r.WaitPerGPUHour})
+	}
+	byJCT := func(a, b SweepPoint) int {
+		if c := cmp.Compare(a.MeanJCT, b.MeanJCT); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Cost, b.Cost)
 	}
 	slices.SortStableFunc(out.Points, func(a, b SweepPoint) int {
 		if c := strings.Compare(a.Family, b.Family); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.MeanJCT, b.MeanJCT)
+		return byJCT(a, b)
 	})
-	best := map[string]float64{}
+	members := map[string][]SweepPoint{} // by family, in JCT order
+	for _, p := range out.Points {
+		members[p.Family] = append(members[p.Family], p)
+		if p.Family != FamilyStarburst {
+			members[FamilyAny] = append(members[FamilyAny], p)
+		}
+	}
+	slices.SortStableFunc(members[FamilyAny], byJCT)
+	fronts := map[string][]SweepPoint{}
+	type member struct{ family, policy string }
+	onFront := map[member]bool{}
+	for fam, ps := range members {
+		for _, p := range ps {
+			if f := fronts[fam]; len(f) == 0 || p.Cost < f[len(f)-1].Cost {
+				fronts[fam] = append(f, p)
+				onFront[member{fam, p.Policy}] = true
+			}
+		}
+	}
 	for i := range out.Points {
 		p := &out.Points[i]
-		if c, ok := best[p.Family]; !ok || p.Cost < c {
-			best[p.Family] = p.Cost
-			p.Frontier = true
-		}
-	}
-	out.AnyAtOrBelow = true
-	in := func(p SweepPoint, fam string) bool {
-		return p.Family == fam || (fam == FamilyAny && p.Family != FamilyStarburst)
+		p.Frontier = onFront[member{p.Family, p.Policy}]
 	}
 	for _, fam := range []string{FamilySpillway, FamilyCostWait, FamilyAny} {
-		var fp, front []SweepPoint // the family's points, its frontier, by JCT
-		for _, p := range out.Points {
-			if in(p, fam) {
-				fp = append(fp, p)
-			}
-		}
-		slices.SortStableFunc(fp, func(a, b SweepPoint) int {
-			if c := cmp.Compare(a.MeanJCT, b.MeanJCT); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.Cost, b.Cost)
-		})
-		for _, p := range fp {
-			if len(front) == 0 || p.Cost < front[len(front)-1].Cost {
-				front = append(front, p)
-			}
-		}
-		if len(front) == 0 {
+		if len(members[fam]) == 0 {
 			continue
 		}
-		for _, s := range out.Points {
-			if s.Family != FamilyStarburst {
-				continue
-			}
+		for _, s := range members[FamilyStarburst] {
 			ch := FrontierCheck{Family: fam, Starburst: s.Policy, MeanJCT: s.MeanJCT, StarburstCost: s.Cost, SpillwayCost: math.Inf(1)}
-			if f := frontierAt(front, s.MeanJCT); !math.IsNaN(f) && s.Cost > 0 {
+			if f := frontierAt(fronts[fam], s.MeanJCT); !math.IsNaN(f) && s.Cost > 0 {
 				g := f/s.Cost - 1
 				ch.Gap = &g
 			}
-			for _, p := range out.Points {
-				if in(p, fam) && p.MeanJCT <= s.MeanJCT && p.Cost < ch.SpillwayCost {
+			for _, p := range members[fam] {
+				if p.MeanJCT <= s.MeanJCT && p.Cost < ch.SpillwayCost {
 					ch.Spillway, ch.SpillwayJCT, ch.SpillwayCost = p.Policy, p.MeanJCT, p.Cost
 				}
 			}
