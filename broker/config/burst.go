@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"time"
@@ -86,45 +87,19 @@ var agentGPUsRe = regexp.MustCompile(`^(auto|nvml|none|sim)$`)
 func (c *Config) burstDefaults() {
 	d := burst.DefaultPolicy()
 	b := &c.Burst
-	if b.Interval == 0 {
-		b.Interval = broker.Duration(5 * time.Second)
-	}
-	if b.Threshold == 0 {
-		b.Threshold = d.Threshold
-	}
-	if b.Hysteresis == 0 {
-		b.Hysteresis = d.Hysteresis
-	}
-	if b.MinWait == 0 {
-		b.MinWait = broker.Duration(d.MinWait)
-	}
-	if b.MaxInFlight == 0 {
-		b.MaxInFlight = d.MaxInFlight
-	}
-	if b.MaxInFlightPerProvider == 0 {
-		b.MaxInFlightPerProvider = d.MaxInFlightPerProvider
-	}
-	if b.IdleTTL == 0 {
-		b.IdleTTL = broker.Duration(d.IdleTTL)
-	}
-	if b.MaxLifetime == 0 {
-		b.MaxLifetime = broker.Duration(d.MaxLifetime)
-	}
-	if b.LeaseMargin == 0 {
-		b.LeaseMargin = broker.Duration(d.LeaseMargin)
-	}
-	if b.AgentGPUs == "" {
-		b.AgentGPUs = "auto"
-	}
-	if b.AgentDataDir == "" {
-		b.AgentDataDir = "/var/lib/spillway"
-	}
-	if b.ReconcileEvery == 0 {
-		b.ReconcileEvery = broker.Duration(time.Minute)
-	}
-	if b.OrphanGrace == 0 {
-		b.OrphanGrace = broker.Duration(2 * time.Minute)
-	}
+	b.Interval = cmp.Or(b.Interval, broker.Duration(5*time.Second))
+	b.Threshold = cmp.Or(b.Threshold, d.Threshold)
+	b.Hysteresis = cmp.Or(b.Hysteresis, d.Hysteresis)
+	b.MinWait = cmp.Or(b.MinWait, broker.Duration(d.MinWait))
+	b.MaxInFlight = cmp.Or(b.MaxInFlight, d.MaxInFlight)
+	b.MaxInFlightPerProvider = cmp.Or(b.MaxInFlightPerProvider, d.MaxInFlightPerProvider)
+	b.IdleTTL = cmp.Or(b.IdleTTL, broker.Duration(d.IdleTTL))
+	b.MaxLifetime = cmp.Or(b.MaxLifetime, broker.Duration(d.MaxLifetime))
+	b.LeaseMargin = cmp.Or(b.LeaseMargin, broker.Duration(d.LeaseMargin))
+	b.AgentGPUs = cmp.Or(b.AgentGPUs, "auto")
+	b.AgentDataDir = cmp.Or(b.AgentDataDir, "/var/lib/spillway")
+	b.ReconcileEvery = cmp.Or(b.ReconcileEvery, broker.Duration(time.Minute))
+	b.OrphanGrace = cmp.Or(b.OrphanGrace, broker.Duration(2*time.Minute))
 	// Providers tag machines with the cluster's name unless told otherwise.
 	for _, p := range c.Providers {
 		switch {

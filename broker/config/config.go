@@ -5,6 +5,7 @@
 package config
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -338,66 +339,28 @@ func (c *Config) applyDefaults() {
 	}
 	for i := range c.Queues {
 		q := &c.Queues[i]
-		if q.Kind == "" {
-			q.Kind = QueueBatch
-		}
-		if q.DefaultTimeout == 0 {
-			q.DefaultTimeout = broker.Duration(4 * time.Hour)
-		}
-		if q.MaxTimeout == 0 {
-			q.MaxTimeout = broker.Duration(7 * 24 * time.Hour)
-		}
+		q.Kind = cmp.Or(q.Kind, QueueBatch)
+		q.DefaultTimeout = cmp.Or(q.DefaultTimeout, broker.Duration(4*time.Hour))
+		q.MaxTimeout = cmp.Or(q.MaxTimeout, broker.Duration(7*24*time.Hour))
 	}
-	if c.AdvertiseURL == "" {
-		c.AdvertiseURL = "http://" + c.Listen
-	}
-	if c.Scheduler.Interval == 0 {
-		c.Scheduler.Interval = d.Scheduler.Interval
-	}
-	if c.Scheduler.DefaultMaxGPUs == 0 {
-		c.Scheduler.DefaultMaxGPUs = d.Scheduler.DefaultMaxGPUs
-	}
-	if c.Scheduler.MaxNodes == 0 {
-		c.Scheduler.MaxNodes = d.Scheduler.MaxNodes
-	}
-	if c.Scheduler.FairShareHalfLife == 0 {
-		c.Scheduler.FairShareHalfLife = d.Scheduler.FairShareHalfLife
-	}
-	if c.Scheduler.MaxAge == 0 {
-		c.Scheduler.MaxAge = d.Scheduler.MaxAge
-	}
-	if c.Scheduler.StarvationAge == 0 {
-		c.Scheduler.StarvationAge = d.Scheduler.StarvationAge
-	}
-	if c.Scheduler.MaxSharersPerGPU == 0 {
-		c.Scheduler.MaxSharersPerGPU = d.Scheduler.MaxSharersPerGPU
-	}
-	if c.Scheduler.GangLabel == "" {
-		c.Scheduler.GangLabel = d.Scheduler.GangLabel
-	}
+	c.AdvertiseURL = cmp.Or(c.AdvertiseURL, "http://"+c.Listen)
+	c.Scheduler.Interval = cmp.Or(c.Scheduler.Interval, d.Scheduler.Interval)
+	c.Scheduler.DefaultMaxGPUs = cmp.Or(c.Scheduler.DefaultMaxGPUs, d.Scheduler.DefaultMaxGPUs)
+	c.Scheduler.MaxNodes = cmp.Or(c.Scheduler.MaxNodes, d.Scheduler.MaxNodes)
+	c.Scheduler.FairShareHalfLife = cmp.Or(c.Scheduler.FairShareHalfLife, d.Scheduler.FairShareHalfLife)
+	c.Scheduler.MaxAge = cmp.Or(c.Scheduler.MaxAge, d.Scheduler.MaxAge)
+	c.Scheduler.StarvationAge = cmp.Or(c.Scheduler.StarvationAge, d.Scheduler.StarvationAge)
+	c.Scheduler.MaxSharersPerGPU = cmp.Or(c.Scheduler.MaxSharersPerGPU, d.Scheduler.MaxSharersPerGPU)
+	c.Scheduler.GangLabel = cmp.Or(c.Scheduler.GangLabel, d.Scheduler.GangLabel)
 	for i := range c.Teams {
-		if c.Teams[i].Share == 0 {
-			c.Teams[i].Share = 1
-		}
+		c.Teams[i].Share = cmp.Or(c.Teams[i].Share, 1)
 	}
-	if c.Agents.HeartbeatInterval == 0 {
-		c.Agents.HeartbeatInterval = d.Agents.HeartbeatInterval
-	}
-	if c.Agents.LostAfter == 0 {
-		c.Agents.LostAfter = d.Agents.LostAfter
-	}
-	if c.Agents.LogLimit == 0 {
-		c.Agents.LogLimit = d.Agents.LogLimit
-	}
-	if c.HA.LeaseTTL == 0 {
-		c.HA.LeaseTTL = d.HA.LeaseTTL
-	}
-	if c.HA.RenewInterval == 0 {
-		c.HA.RenewInterval = c.HA.LeaseTTL / 3
-	}
-	if c.HA.AgentGrace == 0 {
-		c.HA.AgentGrace = d.HA.AgentGrace
-	}
+	c.Agents.HeartbeatInterval = cmp.Or(c.Agents.HeartbeatInterval, d.Agents.HeartbeatInterval)
+	c.Agents.LostAfter = cmp.Or(c.Agents.LostAfter, d.Agents.LostAfter)
+	c.Agents.LogLimit = cmp.Or(c.Agents.LogLimit, d.Agents.LogLimit)
+	c.HA.LeaseTTL = cmp.Or(c.HA.LeaseTTL, d.HA.LeaseTTL)
+	c.HA.RenewInterval = cmp.Or(c.HA.RenewInterval, c.HA.LeaseTTL/3)
+	c.HA.AgentGrace = cmp.Or(c.HA.AgentGrace, d.HA.AgentGrace)
 	if c.HA.BrokerID == "" {
 		host, err := os.Hostname()
 		if err != nil || !nameRe.MatchString(host) {

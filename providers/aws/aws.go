@@ -15,6 +15,7 @@
 package aws
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -148,18 +149,10 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("aws config: instanceTypes[%d]: want a name, gpus >= 0 and an onDemandPrice or spotPrice above 0", i)
 		}
 	}
-	if c.Name == "" {
-		c.Name = "aws-" + c.Region
-	}
-	if c.SSHUser == "" {
-		c.SSHUser = "ubuntu"
-	}
-	if c.SSHPort == 0 {
-		c.SSHPort = 22
-	}
-	if c.Currency == "" {
-		c.Currency = "USD"
-	}
+	c.Name = cmp.Or(c.Name, "aws-"+c.Region)
+	c.SSHUser = cmp.Or(c.SSHUser, "ubuntu")
+	c.SSHPort = cmp.Or(c.SSHPort, 22)
+	c.Currency = cmp.Or(c.Currency, "USD")
 	return nil
 }
 

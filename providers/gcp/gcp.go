@@ -19,6 +19,7 @@
 package gcp
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha1"
 	"encoding/json"
@@ -185,24 +186,12 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("gcp config: machineTypes[%d]: want a name, zones and an onDemandPrice or spotPrice above 0", i)
 		}
 	}
-	if c.Name == "" {
-		c.Name = "gcp-" + c.Project
-	}
-	if c.DiskSizeGB == 0 {
-		c.DiskSizeGB = 200
-	}
-	if c.Network == "" {
-		c.Network = "global/networks/default"
-	}
-	if c.SSHUser == "" {
-		c.SSHUser = "spillway"
-	}
-	if c.SSHPort == 0 {
-		c.SSHPort = 22
-	}
-	if c.Currency == "" {
-		c.Currency = "USD"
-	}
+	c.Name = cmp.Or(c.Name, "gcp-"+c.Project)
+	c.DiskSizeGB = cmp.Or(c.DiskSizeGB, 200)
+	c.Network = cmp.Or(c.Network, "global/networks/default")
+	c.SSHUser = cmp.Or(c.SSHUser, "spillway")
+	c.SSHPort = cmp.Or(c.SSHPort, 22)
+	c.Currency = cmp.Or(c.Currency, "USD")
 	return nil
 }
 

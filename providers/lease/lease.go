@@ -24,6 +24,7 @@ package lease
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/hmac"
@@ -103,24 +104,12 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Cluster == "" {
 		return nil, errors.New("lambda config: cluster: required")
 	}
-	if cfg.Name == "" {
-		cfg.Name = "lambda"
-	}
-	if cfg.Endpoint == "" {
-		cfg.Endpoint = "https://cloud.lambda.ai"
-	}
-	if cfg.APIKeyEnv == "" {
-		cfg.APIKeyEnv = "LAMBDA_API_KEY"
-	}
-	if cfg.SSHKeyName == "" {
-		cfg.SSHKeyName = "spillway-" + cfg.Cluster
-	}
-	if cfg.SSHUser == "" {
-		cfg.SSHUser = "ubuntu"
-	}
-	if cfg.SSHPort == 0 {
-		cfg.SSHPort = 22
-	}
+	cfg.Name = cmp.Or(cfg.Name, "lambda")
+	cfg.Endpoint = cmp.Or(cfg.Endpoint, "https://cloud.lambda.ai")
+	cfg.APIKeyEnv = cmp.Or(cfg.APIKeyEnv, "LAMBDA_API_KEY")
+	cfg.SSHKeyName = cmp.Or(cfg.SSHKeyName, "spillway-"+cfg.Cluster)
+	cfg.SSHUser = cmp.Or(cfg.SSHUser, "ubuntu")
+	cfg.SSHPort = cmp.Or(cfg.SSHPort, 22)
 	key := cfg.APIKey
 	if key == "" {
 		key = os.Getenv(cfg.APIKeyEnv)

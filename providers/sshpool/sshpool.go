@@ -19,6 +19,7 @@
 package sshpool
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -93,18 +94,10 @@ var hostNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // New checks the config. now is the clock for lease ends and claim times;
 // time.Now when nil.
 func New(cfg Config, now func() time.Time) (*Provider, error) {
-	if cfg.Name == "" {
-		cfg.Name = "sshpool"
-	}
-	if cfg.Region == "" {
-		cfg.Region = "lease"
-	}
-	if cfg.Currency == "" {
-		cfg.Currency = "USD"
-	}
-	if cfg.DrainMargin == "" {
-		cfg.DrainMargin = "24h"
-	}
+	cfg.Name = cmp.Or(cfg.Name, "sshpool")
+	cfg.Region = cmp.Or(cfg.Region, "lease")
+	cfg.Currency = cmp.Or(cfg.Currency, "USD")
+	cfg.DrainMargin = cmp.Or(cfg.DrainMargin, "24h")
 	margin, err := time.ParseDuration(cfg.DrainMargin)
 	if err != nil || margin < 0 {
 		return nil, fmt.Errorf("sshpool config: drainMargin %q: want a duration like 24h", cfg.DrainMargin)
@@ -127,9 +120,7 @@ func New(cfg Config, now func() time.Time) (*Provider, error) {
 				return nil, fmt.Errorf("%s.address: %w", field, err)
 			}
 		}
-		if h.User == "" {
-			h.User = "root"
-		}
+		h.User = cmp.Or(h.User, "root")
 		if h.GPUs <= 0 || h.PricePerGPUHour < 0 || h.LeaseEnds.IsZero() {
 			return nil, fmt.Errorf("%s: want gpus > 0, pricePerGPUHour >= 0 and a leaseEnds date", field)
 		}
