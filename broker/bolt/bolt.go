@@ -16,6 +16,7 @@ import (
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/spillway-dev/spillway/broker"
 )
@@ -39,7 +40,7 @@ func Open(path string) (*Store, error) {
 	}
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		if errors.Is(err, bbolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("open store %s: another process has it open", path)
 		}
 		return nil, fmt.Errorf("open store %s: %w", path, err)
@@ -157,7 +158,7 @@ func (t *tx) ScanReverse(b broker.Bucket, from, to string, fn func(string, []byt
 		k, v = c.Last()
 	} else {
 		// Seek lands on the first key >= to; step back once to get below it.
-		k, v = c.Seek([]byte(to))
+		k, _ = c.Seek([]byte(to))
 		if k == nil {
 			k, v = c.Last()
 		} else {

@@ -529,17 +529,16 @@ func (p *Provider) toInstance(in *computepb.Instance) providers.Instance {
 			}
 		}
 	}
-	var host string
-	for _, nic := range in.GetNetworkInterfaces() {
-		host = nic.GetNetworkIP()
+	var host string // the first interface's address, external unless told not to
+	if nics := in.GetNetworkInterfaces(); len(nics) > 0 {
+		host = nics[0].GetNetworkIP()
 		if !p.cfg.NoExternalIP {
-			for _, ac := range nic.GetAccessConfigs() {
+			for _, ac := range nics[0].GetAccessConfigs() {
 				if ac.GetNatIP() != "" {
 					host = ac.GetNatIP()
 				}
 			}
 		}
-		break
 	}
 	if host != "" && (out.State == providers.StateRunning || out.State == providers.StatePending) {
 		out.SSHHost = net.JoinHostPort(host, strconv.Itoa(p.cfg.SSHPort))

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -455,7 +454,7 @@ func BenchmarkSampleRealProc(b *testing.B) {
 			b.Fatal(err)
 		}
 		if len(s.Devices[0].Processes) != 1 {
-			b.Fatal(fmt.Sprintf("card 0 has %d processes", len(s.Devices[0].Processes)))
+			b.Fatalf("card 0 has %d processes", len(s.Devices[0].Processes))
 		}
 	}
 	procs, _ := os.ReadDir("/proc")
