@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/slurm"
 	"github.com/spillway-dev/spillway/providers"
 )
 
@@ -52,6 +53,14 @@ type InstanceRecord struct {
 	Deletes  int `json:"deletes"`
 	// History is every state change with its time and reason.
 	History []Transition `json:"history"`
+
+	// SlurmNode is the Slurm node the machine is (spillway slurm resume);
+	// empty for the burst controller's own machines. Slurm, not the
+	// burst decision, ends such a machine (spillway slurm suspend).
+	SlurmNode string `json:"slurmNode,omitempty"`
+	// SlurmJobs are the Slurm jobs seen running on the node (squeue), for
+	// the ledger's usage lines.
+	SlurmJobs []slurm.Job `json:"slurmJobs,omitempty"`
 }
 
 // Transit records a state change.

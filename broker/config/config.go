@@ -59,6 +59,9 @@ type Config struct {
 	Providers []Provider `json:"providers,omitempty"`
 	// HA is the leader election of brokers sharing a Redis store.
 	HA HA `json:"ha,omitempty"`
+	// Slurm makes the broker a Slurm site's burst provider (slurm.go,
+	// docs/slurm.md); absent when the site runs no Slurm.
+	Slurm *Slurm `json:"slurm,omitempty"`
 
 	// billing is Billing checked and compiled by Validate.
 	billing billing.Compiled
@@ -382,6 +385,7 @@ func (c *Config) applyDefaults() {
 	}
 	c.observeDefaults()
 	c.burstDefaults()
+	c.slurmDefaults()
 }
 
 // clipName keeps a derived name within nameRe's 63 characters.
@@ -529,6 +533,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateObserve(add)
 	c.validateBurst(add)
+	c.validateSlurm(add)
 	if comp, err := c.Billing.Compile(); err != nil {
 		var joined interface{ Unwrap() []error }
 		errs := []error{err}

@@ -145,6 +145,7 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 		a.Util = utilFor(util, r)
 		allocs = append(allocs, a)
 	}
+	allocs = append(allocs, s.slurmAllocsLocked(cursor)...)
 	comp := s.cfg.BillingCompiled()
 	res, err := billing.MeterCycle(ctx, ledger, ledger, comp.Meter, allocs, machines, ms(now))
 	for _, p := range res.Problems {

@@ -378,7 +378,7 @@ func (s *Server) burstInputLocked(ctx context.Context, now time.Time) (*burst.In
 	sort.Slice(in.Pending, func(a, b int) bool { return in.Pending[a].ID < in.Pending[b].ID })
 	for _, r := range s.burst.instances {
 		st := burst.MachineState(r.State)
-		if st.Ended() {
+		if st.Ended() || r.SlurmNode != "" { // Slurm ends its nodes (slurm.go)
 			continue
 		}
 		m := burst.Machine{ID: r.ID, Provider: r.Provider, Offer: r.Offer, State: st, Team: r.Team}
@@ -641,7 +641,7 @@ func (s *Server) scaleDownLocked(ctx context.Context, now time.Time, st burst.St
 // job goes, cleared when one comes.
 func (s *Server) markIdleLocked(ctx context.Context, now time.Time) error {
 	for _, r := range s.burst.instances {
-		if r.State != string(burst.Ready) {
+		if r.State != string(burst.Ready) || r.SlurmNode != "" {
 			continue
 		}
 		jobs, _ := s.machineJobsLocked(r.ID)
@@ -905,6 +905,9 @@ func (s *Server) stepRunning(ctx context.Context, rec *broker.InstanceRecord, pr
 // stepBootstrap gives the machine its own agent token and brings the
 // agent up; the machine is ready when the agent registered.
 func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) error {
+	if rec.SlurmNode != "" {
+		return s.stepSlurmd(ctx, rec, prov)
+	}
 	token := newToken()
 	sum := sha256.Sum256([]byte(token))
 	sha := hex.EncodeToString(sum[:])
@@ -1005,6 +1008,9 @@ func (s *Server) failLaunch(ctx context.Context, id string, cause error) {
 			return broker.Release(tx, id)
 		}
 	})
+	if rec != nil && rec.SlurmNode != "" {
+		s.slurmDown(ctx, s.slurmCommands(), rec.SlurmNode, "spillway: "+cause.Error())
+	}
 	if rec != nil && rec.State == string(burst.Terminating) {
 		s.terminateWorker(ctx, id)
 	}

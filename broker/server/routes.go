@@ -48,6 +48,8 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/budgets", s.listBudgets, allow(config.RoleUser, config.RoleOperator, config.RoleFinance))
 	v1.PUT("/budgets/:scope", s.setBudget, ops)
 	v1.GET("/audit", s.listAudit, allow(config.RoleOperator, config.RoleFinance))
+	v1.POST("/slurm/resume", s.slurmResume, ops)
+	v1.POST("/slurm/suspend", s.slurmSuspend, ops)
 
 	billingRoles := allow(config.RoleUser, config.RoleOperator, config.RoleFinance)
 	v1.GET("/billing/usage", s.usage, billingRoles)

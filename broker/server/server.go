@@ -86,6 +86,8 @@ type Server struct {
 	quiet map[string]time.Time
 	meter meterState
 	burst burstState
+	// slurm is the broker as Slurm's burst provider (slurm.go).
+	slurm slurmState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.
