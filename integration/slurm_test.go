@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -20,8 +21,9 @@ import (
 )
 
 // slurmBins are the Debian slurm-wlm and munge programs the Slurm test runs.
-var slurmBins = []string{"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/munge",
-	"/usr/bin/sbatch", "/usr/bin/squeue", "/usr/bin/scontrol", "/usr/bin/sinfo"}
+var slurmBins = []string{"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/slurmdbd", "/usr/sbin/munged", "/usr/bin/munge",
+	"/usr/bin/sbatch", "/usr/bin/squeue", "/usr/bin/scontrol", "/usr/bin/sinfo", "/usr/bin/sacct", "/usr/bin/sacctmgr",
+	"/usr/sbin/mariadbd", "/usr/bin/mariadb-install-db"}
 
 // requireSlurm skips the test without Slurm or root (slurmctld and slurmd
 // run as root in a temp dir), or fails it under CI=true: CI must run it.
@@ -36,7 +38,7 @@ func requireSlurm(t *testing.T) {
 	msg := ""
 	switch {
 	case len(missing) > 0:
-		msg = "missing " + strings.Join(missing, ", ") + ": apt-get install -y slurm-wlm munge (or run .ci/run)"
+		msg = "missing " + strings.Join(missing, ", ") + ": apt-get install -y slurm-wlm slurmdbd munge mariadb-server (or run .ci/run)"
 	case os.Geteuid() != 0:
 		msg = "the Slurm test runs slurmctld and slurmd as root; run it as root"
 	default:
@@ -56,6 +58,8 @@ type slurmSite struct {
 	dir  string
 	conf string
 	env  []string
+	// dbPort is the MariaDB port behind slurmdbd.
+	dbPort int
 }
 
 func (s *slurmSite) path(p string) string { return filepath.Join(s.dir, p) }
@@ -94,7 +98,7 @@ func newSlurmSite(t *testing.T, cliConfig string) *slurmSite {
 	}
 	s := &slurmSite{t: t, dir: dir, conf: filepath.Join(dir, "slurm.conf")}
 	s.env = []string{"SLURM_CONF=" + s.conf}
-	for _, d := range []string{"state", "spool", "log", "gpu", "munge"} {
+	for _, d := range []string{"state", "spool", "log", "gpu", "munge", "db"} {
 		if err := os.MkdirAll(s.path(d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +121,7 @@ func newSlurmSite(t *testing.T, cliConfig string) *slurmSite {
 		}
 	})
 	host, _ := os.Hostname()
-	ctlPort := freeTCPPort(t)
+	ctlPort, dbdPort, dbPort := freeTCPPort(t), freeTCPPort(t), freeTCPPort(t)
 	var nodes strings.Builder
 	var gres strings.Builder
 	for i := 1; i <= 2; i++ {
@@ -150,7 +154,11 @@ SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=%[5]d
+AccountingStoragePass=%[1]s/munge/sock
+AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/backfill
@@ -172,13 +180,32 @@ InactiveLimit=0
 KillWait=2
 TreeWidth=65533
 %[4]sPartitionName=burst Nodes=burst-[1-2] Default=YES MaxTime=10 State=UP
-`, dir, host, ctlPort, nodes.String())
+`, dir, host, ctlPort, nodes.String(), dbdPort)
 	if err := os.WriteFile(s.conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(s.path("gres.conf"), []byte(gres.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// slurmdbd, for sacct, on a MariaDB of its own.
+	dbd := fmt.Sprintf(`DbdAddr=127.0.0.1
+DbdHost=localhost
+DbdPort=%[2]d
+SlurmUser=root
+AuthType=auth/munge
+AuthInfo=socket=%[1]s/munge/sock
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=%[3]d
+StorageUser=root
+StorageLoc=spw_acct
+PidFile=%[1]s/slurmdbd.pid
+LogFile=%[1]s/log/slurmdbd.log
+`, dir, dbdPort, dbPort)
+	if err := os.WriteFile(s.path("slurmdbd.conf"), []byte(dbd), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.dbPort = dbPort
 	for _, verb := range []string{"resume", "suspend"} {
 		script := fmt.Sprintf("#!/bin/sh\necho \"$(date +%%T) %s $*\" >> %s/log/programs.log\nSPILLWAY_CONFIG=%s exec %s slurm %s \"$@\" >> %s/log/programs.log 2>&1\n",
 			verb, dir, cliConfig, bin, verb, dir)
@@ -189,10 +216,44 @@ TreeWidth=65533
 	return s
 }
 
-// start runs slurmctld (fresh state) and waits for it to answer.
+// start runs MariaDB and slurmdbd, registers the cluster, then runs
+// slurmctld (fresh state) and waits for it to answer.
 func (s *slurmSite) start() {
 	t := s.t
 	t.Helper()
+	data := s.path("db/data")
+	if out, err := exec.Command("/usr/bin/mariadb-install-db", "--no-defaults", "--datadir="+data, "--user=root",
+		"--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput(); err != nil {
+		t.Fatalf("mariadb-install-db: %v: %s", err, out)
+	}
+	db := exec.Command("/usr/sbin/mariadbd", "--no-defaults", "--datadir="+data, "--socket="+s.path("db/sock"),
+		"--port="+strconv.Itoa(s.dbPort), "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables",
+		"--pid-file="+s.path("db/pid"), "--log-error="+s.path("log/mariadb.log"), "--innodb-buffer-pool-size=16M", "--skip-log-bin")
+	db.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := db.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = db.Process.Signal(syscall.SIGTERM)
+		_ = db.Wait()
+	})
+	waitFor(t, 30*time.Second, "MariaDB listens", func() bool {
+		conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", s.dbPort))
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+	dbd := exec.Command("/usr/sbin/slurmdbd")
+	dbd.Env = append(os.Environ(), s.env...)
+	if out, err := dbd.CombinedOutput(); err != nil {
+		t.Fatalf("slurmdbd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { killPidFile(s.path("slurmdbd.pid")) })
+	waitFor(t, 30*time.Second, "slurmdbd registers the cluster", func() bool {
+		_, err := s.run("sacctmgr", "-i", "add", "cluster", "spwtest")
+		return err == nil
+	})
 	cmd := exec.Command("/usr/sbin/slurmctld", "-i")
 	cmd.Env = append(os.Environ(), s.env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -201,7 +262,7 @@ func (s *slurmSite) start() {
 	t.Cleanup(func() {
 		killPidFile(s.path("slurmctld.pid"))
 		if t.Failed() {
-			for _, f := range []string{"log/slurmctld.log", "log/programs.log", "log/slurmd-burst-1.log", "log/slurmd-burst-2.log", "log/munged.log"} {
+			for _, f := range []string{"log/slurmdbd.log", "log/slurmctld.log", "log/programs.log", "log/slurmd-burst-1.log", "log/slurmd-burst-2.log", "log/munged.log"} {
 				raw, _ := os.ReadFile(s.path(f))
 				t.Logf("--- %s (last 6000 bytes) ---\n%s", f, tailBytes(raw, 6000))
 			}
@@ -425,4 +486,53 @@ slurm:
 		}
 	}
 	_, _ = site.run("scancel", job2)
+
+	// 6. The site's accounting of this test replays in the simulator.
+	var dump string
+	waitFor(t, 30*time.Second, "sacct has job "+jobID+" completed", func() bool {
+		dump, _ = site.run("sacct", "--parsable2", "-a", "-X", "-S", "now-1hour", "-o", "JobID,Submit,Start,End,AllocTRES,Account,Partition,State")
+		return strings.Contains(dump, "\n"+jobID+"|") && strings.Contains(dump, "|COMPLETED")
+	})
+	t.Logf("sacct:\n%s", dump)
+	trace := filepath.Join(c.dir, "sacct.txt")
+	cluster := filepath.Join(c.dir, "sim-cluster.yaml")
+	if err := os.WriteFile(trace, []byte(dump), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cluster, []byte("nodes:\n  - {name: onprem, count: 1, gpus: 1, model: L4, memory: 24Gi}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	simOut, simErr, code := c.cli(tokAdmin, "sim", "--trace", trace, "--format", "sacct", "--cluster", cluster, "-o", "json")
+	if code != 0 {
+		t.Fatalf("spillway sim --format sacct: exit %d\n%s\n%s", code, simOut, simErr)
+	}
+	var rep struct {
+		Trace struct {
+			Jobs int `json:"jobs"`
+		} `json:"trace"`
+		Results []struct {
+			Policy    string `json:"policy"`
+			Jobs      int    `json:"jobs"`
+			Succeeded int    `json:"succeeded"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(simOut), &rep); err != nil {
+		t.Fatalf("sim output: %v\n%s", err, simOut)
+	}
+	// Every allocation that started with a GPU is a job of the trace.
+	want := 0
+	for _, line := range strings.Split(dump, "\n") {
+		if f := strings.Split(line, "|"); len(f) == 8 && f[2] != "Unknown" && f[2] != "Start" && strings.Contains(f[4], "gres/gpu=") {
+			want++
+		}
+	}
+	if rep.Trace.Jobs != want || want == 0 || len(rep.Results) == 0 {
+		t.Fatalf("sim replayed %d jobs, the dump has %d:\n%s", rep.Trace.Jobs, want, tailBytes([]byte(simOut), 2000))
+	}
+	for _, r := range rep.Results {
+		if r.Jobs != want || r.Succeeded != want {
+			t.Errorf("policy %s: %d jobs, %d succeeded, want %d", r.Policy, r.Jobs, r.Succeeded, want)
+		}
+	}
+	t.Logf("spillway sim --format sacct replayed %d jobs under %d policies", want, len(rep.Results))
 }

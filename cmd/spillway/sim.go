@@ -31,7 +31,9 @@ broker runs, on simulated nodes and providers, for each policy, and reports
 waits, job completion times, on-prem allocation, burst GPU-hours and cost
 against the fluid lower bound, and budget adherence (docs/sim.md).
 
-Traces: the Philly extract (--format philly) or the generic CSV
+Traces: the Philly extract (--format philly), Slurm accounting
+(sacct --parsable2 -X -o JobID,Submit,Start,End,AllocTRES,Account;
+--format sacct) or the generic CSV
 (submit_s,duration_s,gpus,team,priority,queue; --format csv, what
 'spillway sim export-trace' writes). --format auto picks by the header.`,
 		Args: cobra.NoArgs,
@@ -105,7 +107,7 @@ Traces: the Philly extract (--format philly) or the generic CSV
 	}
 	f := cmd.Flags()
 	f.StringVar(&tracePath, "trace", "", "job trace file")
-	f.StringVar(&format, "format", "auto", "trace format: philly, csv or auto")
+	f.StringVar(&format, "format", "auto", "trace format: philly, csv, sacct (sacct --parsable2 with JobID,Submit,Start,End,AllocTRES,Account; times in $TZ) or auto")
 	f.StringVar(&clusterPath, "cluster", "", "cluster config (deploy/sim/cluster.yaml is the standard scenario)")
 	f.StringVar(&policies, "policy", sim.AllPolicies, "comma-separated policies, each NAME[:key=value…] (docs/sim.md)")
 	f.Uint64Var(&seed, "seed", 1, "seed for priorities (Philly), lead times and capacity failures")
@@ -142,14 +144,20 @@ func readTrace(path, format string, seed uint64) (*sim.Trace, error) {
 		if strings.HasPrefix(string(head[:n]), "timestamp,duration,num_gpus") {
 			format = "philly"
 		}
+		if strings.HasPrefix(string(head[:n]), "JobID|") {
+			format = "sacct"
+		}
 	}
 	switch format {
 	case "philly":
 		return sim.ReadPhilly(f, sim.PhillyOptions{Seed: seed})
 	case "csv":
 		return sim.ReadCSV(f)
+	case "sacct":
+		// sacct prints times in the zone of the host that ran it: TZ here.
+		return sim.ReadSacct(f, sim.SacctOptions{Location: time.Local})
 	}
-	return nil, fmt.Errorf("--format must be philly, csv or auto, not %q", format)
+	return nil, fmt.Errorf("--format must be philly, csv, sacct or auto, not %q", format)
 }
 
 func writeChart(path string, rep *sim.Report) error {
