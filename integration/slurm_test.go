@@ -411,6 +411,9 @@ slurm:
 			t.Errorf("describe %s lacks %q:\n%s", rec.ID, want, descr)
 		}
 	}
+	if rec.ReadyAt != nil {
+		t.Logf("record %s: resume to slurmd registered in %s", rec.ID, rec.ReadyAt.Sub(rec.CreatedAt).Round(time.Millisecond))
+	}
 	if ec2.Calls("RunInstances") != 1 {
 		t.Errorf("RunInstances called %d times", ec2.Calls("RunInstances"))
 	}

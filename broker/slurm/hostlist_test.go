@@ -107,3 +107,13 @@ func FuzzExpand(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkExpand expands a hostlist of 1,000 nodes in three groups, the
+// size of a large burst partition's ResumeProgram argument.
+func BenchmarkExpand(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		if _, err := Expand("burst-[0001-0500],gpu-a[001-400],r[1-10]n[1-10]"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
