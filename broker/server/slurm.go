@@ -403,7 +403,7 @@ func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
 			log.Warn("slurm: list jobs on a suspending node", "err", err)
 			break
 		}
-		s.mergeSlurmJobs(ctx, jobs)
+		s.mergeSlurmJobs(ctx, []string{rec.SlurmNode}, jobs)
 		running := 0
 		for _, j := range jobs {
 			if j.End.IsZero() && !j.Start.IsZero() {
@@ -667,18 +667,20 @@ func (s *Server) pollSlurmJobs(ctx context.Context) {
 		return
 	}
 	slices.Sort(nodes)
-	jobs, err := s.slurmCommands().Jobs(ctx, slices.Compact(nodes))
+	nodes = slices.Compact(nodes)
+	jobs, err := s.slurmCommands().Jobs(ctx, nodes)
 	if err != nil {
 		s.log.Warn("slurm: list jobs on burst nodes", "err", err)
 		return
 	}
-	s.mergeSlurmJobs(ctx, jobs)
+	s.mergeSlurmJobs(ctx, nodes, jobs)
 }
 
-// mergeSlurmJobs records jobs on the live records of their nodes: a job
-// that started while the record's machine lived belongs to it. A job
-// recorded as running that squeue no longer lists ended by now.
-func (s *Server) mergeSlurmJobs(ctx context.Context, jobs []slurm.Job) {
+// mergeSlurmJobs records jobs squeue listed for the queried nodes on the
+// live records of their nodes: a job that started while the record's
+// machine lived belongs to it. A job recorded as running on a queried
+// node that squeue no longer lists ended by now.
+func (s *Server) mergeSlurmJobs(ctx context.Context, queried []string, jobs []slurm.Job) {
 	now := s.clock.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -694,7 +696,7 @@ func (s *Server) mergeSlurmJobs(ctx context.Context, jobs []slurm.Job) {
 		}
 	}
 	for _, r := range s.burst.instances {
-		if r.SlurmNode == "" || r.LaunchedAt == nil || burst.MachineState(r.State).Ended() {
+		if r.SlurmNode == "" || r.LaunchedAt == nil || burst.MachineState(r.State).Ended() || !slices.Contains(queried, r.SlurmNode) {
 			continue
 		}
 		merged := slices.Clone(r.SlurmJobs)

@@ -213,3 +213,38 @@ func TestSlurmAllocs(t *testing.T) {
 		t.Fatalf("job 8 is capped to the machine's GPUs and end: %+v", b)
 	}
 }
+
+func TestMergeSlurmJobs(t *testing.T) {
+	h, _ := slurmHarness(t)
+	launched := t0
+	for _, r := range []*broker.InstanceRecord{
+		{ID: "spw-1", Provider: "cloud", State: string(burst.Ready), SlurmNode: "burst-1", LaunchedAt: &launched,
+			SlurmJobs: []slurm.Job{{ID: "5", GPUs: 1, Start: t0.Add(time.Minute)}}},
+		{ID: "spw-2", Provider: "cloud", State: string(burst.Ready), SlurmNode: "burst-2", LaunchedAt: &launched,
+			SlurmJobs: []slurm.Job{{ID: "6", GPUs: 1, Start: t0.Add(time.Minute)}}},
+	} {
+		h.srv.mu.Lock()
+		err := h.srv.putRecordLocked(h.ctx, r, nil, nil)
+		h.srv.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.clock.Set(t0.Add(10 * time.Minute))
+	// squeue asked about burst-1 only: job 7 is new there, job 4 ran on an
+	// earlier machine of the node, job 5 is gone; burst-2's job 6 is
+	// untouched (it was not asked about).
+	h.srv.mergeSlurmJobs(h.ctx, []string{"burst-1"}, []slurm.Job{
+		{ID: "7", GPUs: 1, Start: t0.Add(2 * time.Minute), Nodes: []string{"burst-1"}, State: "RUNNING"},
+		{ID: "4", GPUs: 1, Start: t0.Add(-time.Hour), End: t0.Add(-50 * time.Minute), Nodes: []string{"burst-1"}},
+	})
+	r1, _ := h.srv.record("spw-1")
+	r2, _ := h.srv.record("spw-2")
+	if len(r1.SlurmJobs) != 2 || r1.SlurmJobs[0].ID != "5" || !r1.SlurmJobs[0].End.Equal(t0.Add(10*time.Minute)) ||
+		r1.SlurmJobs[1].ID != "7" || !r1.SlurmJobs[1].End.IsZero() {
+		t.Fatalf("burst-1 jobs: %+v", r1.SlurmJobs)
+	}
+	if len(r2.SlurmJobs) != 1 || !r2.SlurmJobs[0].End.IsZero() {
+		t.Fatalf("burst-2 jobs changed: %+v", r2.SlurmJobs)
+	}
+}
