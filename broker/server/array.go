@@ -38,6 +38,7 @@ func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) erro
 			ArrayID: arrayID, ArrayIndex: &idx[k]}
 		j.Spec.Array = "" // the element is one job; ArrayID and ArrayIndex say where it belongs
 		j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: detail}}
+		s.strs.job(j)
 		jobs[k] = j
 		out.Jobs[k] = j.ID
 	}

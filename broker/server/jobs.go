@@ -71,6 +71,7 @@ func (s *Server) submit(c echo.Context) error {
 	now := s.clock.Now()
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
+	s.strs.job(j)
 	ctx := c.Request().Context()
 	region := trace.StartRegion(ctx, "broker.submit.store")
 	err = s.store.Batch(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, j) })

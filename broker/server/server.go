@@ -97,6 +97,8 @@ type Server struct {
 	scheduling scheduling
 	// observability is the observability bookkeeping (delivery.go).
 	observability observeState
+	// strs interns the strings jobs share (intern.go).
+	strs interner
 }
 
 // New builds a broker over an open store and loads its state.
@@ -153,6 +155,7 @@ func (s *Server) load(ctx context.Context) error {
 			return fmt.Errorf("load jobs: %w", err)
 		}
 		for _, j := range jobs {
+			s.strs.job(j)
 			s.jobs[j.ID] = j
 			if j.State.Holding() {
 				for _, p := range j.Placements {

@@ -63,6 +63,7 @@ type options struct {
 	cpuProfile    string
 	verbose       bool
 	schedInterval time.Duration
+	teamQuota     int
 }
 
 func run(args []string, out io.Writer) error {
@@ -80,6 +81,7 @@ func run(args []string, out io.Writer) error {
 	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the broker and agents here (go tool trace FILE)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replay here (go tool pprof FILE)")
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
+	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.DurationVar(&o.schedInterval, "interval", 500*time.Millisecond, "the broker's scheduling interval (cycles also run on every submit and end)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -137,6 +139,13 @@ func startCluster(o options, teams []string) (*cluster, error) {
 		fmt.Fprintf(&tb, "    - {name: u%d, role: user, team: %q, token: %s}\n", i, t, c.tokens[t])
 	}
 	agentTok := token()
+	var teamsYAML string
+	if o.teamQuota > 0 {
+		teamsYAML = "teams:\n"
+		for _, t := range teams {
+			teamsYAML += fmt.Sprintf("  - {name: %q, quota: {gpus: %d}}\n", t, o.teamQuota)
+		}
+	}
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 listen: 127.0.0.1:0
 dataDir: %s
@@ -149,7 +158,7 @@ auth:
   tokens:
 %s    - {name: admin, role: operator, token: %s}
     - {name: agents, role: agent, token: %s}
-`, dir, o.schedInterval, tb.String(), c.admin, agentTok)))
+%s`, dir, o.schedInterval, tb.String(), c.admin, agentTok, teamsYAML)))
 	if err != nil {
 		return nil, fmt.Errorf("bench config: %w", err)
 	}
@@ -496,7 +505,7 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 	case "array":
 		fmt.Fprintf(w, " (%d submit calls)", r.calls)
 	}
-	fmt.Fprintf(w, ", %d agents × %d GPUs, preemptible low: %v, GOMAXPROCS %d\n", o.agents, o.gpusPerAgent, o.preemptLow, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(w, ", %d agents × %d GPUs, preemptible low: %v, team quota: %d GPUs, GOMAXPROCS %d\n", o.agents, o.gpusPerAgent, o.preemptLow, o.teamQuota, runtime.GOMAXPROCS(0))
 	fmt.Fprintf(w, "  submitted in     %.2f s (%.0f submits/s)\n", r.submitS, float64(len(items))/r.submitS)
 	fmt.Fprintf(w, "  jobs started/s   %.0f (%d starts in %.2f s from the first submit)\n", float64(len(all))/startSpan, len(all), startSpan)
 	fmt.Fprintf(w, "  makespan         %.2f s, lower bound %.2f s (%.3f×)\n", makespan, lb, makespan/lb)
