@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -30,7 +31,8 @@ import (
 // garbage collection (runtime.MemStats.HeapAlloc, the benchmark's own
 // HTTP clients and buffers gone). It then closes the broker, opens a new
 // one on the same store (a restart), runs a cycle and reports the heap
-// again. docs/benchmarks.md records the figures; the goal is ≤ 400 MB
+// again. SPILLWAY_BENCH_HEAPPROFILE=file writes a heap profile of the
+// first broker. docs/benchmarks.md records the figures; the goal is ≤ 400 MB
 // both ways at 100,000 pending jobs.
 func BenchmarkPendingMemory(b *testing.B) {
 	n := 100_000
@@ -121,6 +123,14 @@ auth:
 			b.Fatalf("%d pending jobs, want %d", got, n)
 		}
 		live := heap() - base
+		if f := os.Getenv("SPILLWAY_BENCH_HEAPPROFILE"); f != "" {
+			out, err := os.Create(f)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = pprof.Lookup("heap").WriteTo(out, 0)
+			out.Close()
+		}
 		runtime.KeepAlive(srv)
 		st.Close()
 		srv = nil

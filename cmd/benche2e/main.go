@@ -64,6 +64,7 @@ type options struct {
 	verbose       bool
 	schedInterval time.Duration
 	teamQuota     int
+	jobsOut       string
 }
 
 func run(args []string, out io.Writer) error {
@@ -82,6 +83,7 @@ func run(args []string, out io.Writer) error {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replay here (go tool pprof FILE)")
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
+	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
 	fs.DurationVar(&o.schedInterval, "interval", 500*time.Millisecond, "the broker's scheduling interval (cycles also run on every submit and end)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -109,6 +111,9 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	res.print(out, o, items)
+	if o.jobsOut != "" {
+		return res.writeCSV(o.jobsOut)
+	}
 	return nil
 }
 
@@ -482,9 +487,10 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 		if j.StartedAt == nil || j.EndedAt == nil {
 			continue
 		}
-		// The wait is from the workload's submit time to the process start.
+		// The wait is from the workload's submit time to the first start
+		// of the process (a preempted job's later attempts do not count).
 		sub := r.t0.Add(time.Duration(it.SubmitS * float64(time.Second)))
-		wt := max(0, j.StartedAt.Sub(sub).Seconds())
+		wt := max(0, firstStart(j).Sub(sub).Seconds())
 		waits[it.Priority] = append(waits[it.Priority], wt)
 		all = append(all, wt)
 		if j.StartedAt.After(lastStart) {
@@ -493,7 +499,7 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 		if j.EndedAt.After(lastEnd) {
 			lastEnd = *j.EndedAt
 		}
-		busy += float64(j.TotalGPUs()) * j.EndedAt.Sub(*j.StartedAt).Seconds()
+		busy += float64(j.TotalGPUs()) * runSeconds(j)
 	}
 	makespan := lastEnd.Sub(r.t0).Seconds()
 	lb := lowerBound(items, gpus)
@@ -520,4 +526,56 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 	if failed > 0 {
 		fmt.Fprintf(w, "  NOT SUCCEEDED    %d jobs\n", failed)
 	}
+}
+
+// writeCSV writes one line per job, times in seconds from the replay's
+// start.
+func (r *result) writeCSV(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fmt.Fprintln(f, "id,priority,team,gpus,duration_s,submit_s,start_s,end_s,wait_s,state,attempts")
+	rel := func(t *time.Time) float64 {
+		if t == nil {
+			return -1
+		}
+		return t.Sub(r.t0).Seconds()
+	}
+	for i, j := range r.jobs {
+		it := r.items[i]
+		first := firstStart(j)
+		st := rel(&first)
+		fmt.Fprintf(f, "%s,%s,%s,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%d\n", it.ID, it.Priority, it.Team, it.GPUs, it.DurationS,
+			it.SubmitS, st, rel(j.EndedAt), st-it.SubmitS, j.State, j.Attempt)
+	}
+	return nil
+}
+
+// firstStart is when the job's first attempt started running.
+func firstStart(j *broker.Job) time.Time {
+	for _, t := range j.History {
+		if t.To == broker.StateRunning {
+			return t.At
+		}
+	}
+	return *j.StartedAt
+}
+
+// runSeconds is the time the job's processes ran, over all its attempts.
+func runSeconds(j *broker.Job) float64 {
+	total := 0.0
+	var from *time.Time
+	for i := range j.History {
+		t := &j.History[i]
+		switch {
+		case t.To == broker.StateRunning:
+			from = &t.At
+		case from != nil:
+			total += t.At.Sub(*from).Seconds()
+			from = nil
+		}
+	}
+	return total
 }
