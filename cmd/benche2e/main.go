@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
@@ -33,6 +34,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -65,6 +67,7 @@ type options struct {
 	schedInterval time.Duration
 	teamQuota     int
 	jobsOut       string
+	agentBin      string
 }
 
 func run(args []string, out io.Writer) error {
@@ -84,6 +87,7 @@ func run(args []string, out io.Writer) error {
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
+	fs.StringVar(&o.agentBin, "agent-bin", "", "run each agent as its own process of this spillway binary (`spillway agent`), as on separate nodes; default: agents inside this process")
 	fs.DurationVar(&o.schedInterval, "interval", 500*time.Millisecond, "the broker's scheduling interval (cycles also run on every submit and end)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -197,8 +201,24 @@ auth:
 		defer wg.Done()
 		_ = srv.Serve(ctx, l)
 	}()
+	var procs []*exec.Cmd
 	for i := range o.agents {
 		name := fmt.Sprintf("sim-%02d", i+1)
+		if o.agentBin != "" {
+			cmd := exec.Command(o.agentBin, "agent", "--broker", c.url, "--name", name,
+				"--gpus", fmt.Sprintf("sim:%dxH100-80GB", o.gpusPerAgent), "--data-dir", filepath.Join(dir, "agents", name))
+			cmd.Env = append(os.Environ(), "SPILLWAY_AGENT_TOKEN="+agentTok)
+			if o.verbose {
+				cmd.Stderr = os.Stderr
+			}
+			if err := cmd.Start(); err != nil {
+				cancel()
+				wg.Wait()
+				return nil, fmt.Errorf("start agent %s: %w", name, err)
+			}
+			procs = append(procs, cmd)
+			continue
+		}
 		be, err := backends.Open(fmt.Sprintf("sim:%dxH100-80GB", o.gpusPerAgent), name, log)
 		if err != nil {
 			cancel()
@@ -220,6 +240,12 @@ auth:
 		}()
 	}
 	c.stop = func() {
+		for _, p := range procs {
+			_ = p.Process.Signal(syscall.SIGTERM)
+		}
+		for _, p := range procs {
+			_ = p.Wait()
+		}
 		cancel()
 		wg.Wait()
 		st.Close()
