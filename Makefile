@@ -50,17 +50,18 @@ bench: build ## run the scheduler, submit and sim benchmarks and record them in 
 	$(GO) run ./cmd/benchdoc -name sim-sweep -title "Simulator: cost against JCT" -cmd "spillway sim $(SIM_STD) --policy spillway --sweep" $(BENCH_OUT)/sweep.txt
 
 # End-to-end replay (cmd/benche2e): a broker on bbolt, 4 simulated agents
-# × 8 GPUs running real processes, the workloads of deploy/bench through
-# the HTTP API. Prints starts/s, makespan, waits by class, GPU utilisation.
+# × 8 GPUs (each its own `spillway agent` process) running real processes,
+# the workloads of deploy/bench through the HTTP API. Prints starts/s,
+# makespan, waits by class, GPU utilisation.
 E2E_OUT := bin/bench-e2e
 .PHONY: bench-e2e
-bench-e2e: ## replay deploy/bench workloads through the API against simulated agents (docs/benchmarks.md)
+bench-e2e: build ## replay deploy/bench workloads through the API against simulated agents (docs/benchmarks.md)
 	@mkdir -p $(E2E_OUT)
 	$(GO) build -o $(E2E_OUT)/benche2e ./cmd/benche2e
 	set -o pipefail; for mode in sequential parallel array; do \
-		$(E2E_OUT)/benche2e -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
+		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
 	set -o pipefail; for pl in false true; do \
-		$(E2E_OUT)/benche2e -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/mixed.txt
+		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/mixed.txt
 
 .PHONY: check
 check: ## gofmt, go vet, import boundaries, no InsecureIgnoreHostKey outside tests
