@@ -59,3 +59,11 @@ func (in *interner) job(j *broker.Job) {
 		p.Code = in.str(p.Code)
 	}
 }
+
+// reset forgets every interned string (a broker that stops leading drops
+// its jobs; the strings go with them).
+func (in *interner) reset() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.m = nil
+}
