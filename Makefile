@@ -12,7 +12,7 @@ MODULE := github.com/spillway-dev/spillway
 
 .PHONY: help
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## build bin/spillway
@@ -48,6 +48,20 @@ bench: build ## run the scheduler, submit and sim benchmarks and record them in 
 	$(GO) run ./cmd/benchdoc -name sim-replay -title "Simulator: full Philly replay" -cmd "time spillway sim --trace $(PHILLY) --cluster deploy/sim/cluster.yaml --policy spillway" $(BENCH_OUT)/replay.txt
 	set -o pipefail; ./$(BIN) sim $(SIM_STD) --policy spillway --sweep | tee $(BENCH_OUT)/sweep.txt
 	$(GO) run ./cmd/benchdoc -name sim-sweep -title "Simulator: cost against JCT" -cmd "spillway sim $(SIM_STD) --policy spillway --sweep" $(BENCH_OUT)/sweep.txt
+
+# End-to-end replay (cmd/benche2e): a broker on bbolt, 4 simulated agents
+# × 8 GPUs (each its own `spillway agent` process) running real processes,
+# the workloads of deploy/bench through the HTTP API. Prints starts/s,
+# makespan, waits by class, GPU utilisation.
+E2E_OUT := bin/bench-e2e
+.PHONY: bench-e2e
+bench-e2e: build ## replay deploy/bench workloads through the API against simulated agents (docs/benchmarks.md)
+	@mkdir -p $(E2E_OUT)
+	$(GO) build -o $(E2E_OUT)/benche2e ./cmd/benche2e
+	set -o pipefail; for mode in sequential parallel array; do \
+		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
+	set -o pipefail; for pl in false true; do \
+		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/mixed.txt
 
 .PHONY: check
 check: ## gofmt, go vet, import boundaries, no InsecureIgnoreHostKey outside tests

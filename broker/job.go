@@ -137,6 +137,11 @@ type Job struct {
 	// threshold for longer than the idle window: since when.
 	IdleSince *time.Time `json:"idleSince,omitempty"`
 
+	// ArrayID is the array this job is an element of, ArrayIndex its
+	// index there (SPILLWAY_ARRAY_INDEX); both empty for a plain job.
+	ArrayID    string `json:"arrayId,omitempty"`
+	ArrayIndex *int   `json:"arrayIndex,omitempty"`
+
 	History []Transition `json:"history"`
 }
 

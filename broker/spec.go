@@ -69,6 +69,9 @@ type Spec struct {
 	Command       []string          `json:"command"`
 	Env           map[string]string `json:"env,omitempty"`
 	Workdir       string            `json:"workdir,omitempty"`
+	// Array makes one submit into one job per index ("0-999", "1,3,5-7",
+	// "0-15:4"); each job gets its index in SPILLWAY_ARRAY_INDEX.
+	Array string `json:"array,omitempty"`
 }
 
 // Resources is what a job needs on each node.
@@ -315,6 +318,11 @@ func (s *Spec) Validate(lim SpecLimits) error {
 			ve.add(f, CodeNotAllowed, "is set by the agent and cannot be overridden")
 		default:
 			checkText(ve, f, s.Env[k], maxEnvValue)
+		}
+	}
+	if s.Array != "" {
+		if _, err := ParseArray(s.Array); err != nil {
+			ve.add("array", CodeInvalid, "%v (write indexes like 0-999, 1,3,5-7 or 0-15:4)", err)
 		}
 	}
 	if s.Workdir != "" {

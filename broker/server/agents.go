@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"runtime/trace"
 	"strconv"
 	"time"
 
@@ -121,7 +122,9 @@ func (s *Server) sync(c echo.Context) error {
 		s.mu.Unlock()
 		return err
 	}
+	region := trace.StartRegion(ctx, "broker.sync.record")
 	resp, err := s.recordSyncLocked(ctx, &req)
+	region.End()
 	if err != nil {
 		s.mu.Unlock()
 		return err
@@ -130,12 +133,14 @@ func (s *Server) sync(c echo.Context) error {
 		wait := s.nodeWaitLocked(req.Node)
 		s.mu.Unlock()
 		timer := time.NewTimer(min(req.Wait, time.Minute))
+		region := trace.StartRegion(ctx, "broker.sync.longpoll")
 		select {
 		case <-wait:
 		case <-timer.C:
 		case <-ctx.Done():
 		}
 		timer.Stop()
+		region.End()
 		s.mu.Lock()
 		if err := s.checkLeaderLocked(); err != nil {
 			s.mu.Unlock()
@@ -352,6 +357,7 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 		env["SPILLWAY_RESUME"] = "1"
 	}
 	s.addJobEnv(j, env)
+	addArrayEnv(j, env)
 	a := agentapi.Assignment{
 		JobRef:      agentapi.JobRef{Job: j.ID, Attempt: j.Attempt},
 		Name:        j.Spec.Name,

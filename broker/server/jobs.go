@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/trace"
 	"strconv"
 	"strings"
 
@@ -42,6 +43,12 @@ func (s *Server) submit(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if a := c.QueryParam("array"); a != "" {
+		if spec.Array != "" && spec.Array != a {
+			return errBadRequest("array", broker.CodeInvalid, "the spec says array %q and the request ?array=%q; give one", clip(spec.Array), clip(a))
+		}
+		spec.Array = a
+	}
 	callerTeam := ""
 	if p.Role == config.RoleUser {
 		callerTeam = p.Team
@@ -58,11 +65,18 @@ func (s *Server) submit(c echo.Context) error {
 	if err := spec.Validate(lim); err != nil {
 		return err
 	}
+	if spec.Array != "" {
+		return s.submitArray(c, p, spec)
+	}
 	now := s.clock.Now()
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
+	s.strs.job(j)
 	ctx := c.Request().Context()
-	if err := s.store.Batch(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, j) }); err != nil {
+	region := trace.StartRegion(ctx, "broker.submit.store")
+	err = s.store.Batch(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, j) })
+	region.End()
+	if err != nil {
 		return fmt.Errorf("store job: %w", err)
 	}
 	s.mu.Lock()

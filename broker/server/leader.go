@@ -231,6 +231,7 @@ func (s *Server) resetLocked() {
 	s.quiet = map[string]time.Time{}
 	s.meter = meterState{reported: map[string]bool{}}
 	s.nodeWake = map[string]chan struct{}{}
+	s.strs.reset()
 }
 
 // leadingLocked reports whether this broker leads a term whose lease is

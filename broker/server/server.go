@@ -99,6 +99,8 @@ type Server struct {
 	scheduling scheduling
 	// observability is the observability bookkeeping (delivery.go).
 	observability observeState
+	// strs interns the strings jobs share (intern.go).
+	strs interner
 }
 
 // New builds a broker over an open store and loads its state.
@@ -155,6 +157,7 @@ func (s *Server) load(ctx context.Context) error {
 			return fmt.Errorf("load jobs: %w", err)
 		}
 		for _, j := range jobs {
+			s.strs.job(j)
 			s.jobs[j.ID] = j
 			if j.State.Holding() {
 				for _, p := range j.Placements {
@@ -211,27 +214,37 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 func (s *Server) loop(ctx context.Context) {
 	interval := s.cfg.Scheduler.Interval.D()
 	for {
+		t0 := time.Now()
 		if err := s.Cycle(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("scheduling cycle failed", "err", err)
 		}
+		took := time.Since(t0)
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.schedWake:
-			// Let a burst of submits or ended jobs gather into one cycle.
+			// Let a burst of submits or ended jobs gather into one cycle:
+			// wait as long as the last cycle took (so cycles use at most
+			// about half the time), between kickCoalesceMin and
+			// kickCoalesceMax. Triggers that come during a cycle gather
+			// on their own.
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(kickCoalesce):
+			case <-time.After(min(max(took, kickCoalesceMin), kickCoalesceMax)):
 			}
 		case <-s.clock.After(interval):
 		}
 	}
 }
 
-// kickCoalesce is how long a triggered cycle waits for more triggers. It
-// is real time on purpose: it paces work, it decides nothing.
-const kickCoalesce = 20 * time.Millisecond
+// A triggered cycle waits between kickCoalesceMin and kickCoalesceMax for
+// more triggers. It is real time on purpose: it paces work, it decides
+// nothing.
+const (
+	kickCoalesceMin = time.Millisecond
+	kickCoalesceMax = 20 * time.Millisecond
+)
 
 // kick asks for a scheduling cycle soon.
 func (s *Server) kick() {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"time"
@@ -49,6 +50,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		return nil
 	}
 	now := s.clock.Now()
+	defer trace.StartRegion(ctx, "broker.commit").End()
 	err := s.store.Update(ctx, func(tx broker.Tx) error {
 		for _, j := range jobs {
 			if err := broker.PutJob(tx, j); err != nil {
@@ -159,12 +161,15 @@ func (s *Server) Cycle(ctx context.Context) error {
 	sc.ledger.advance(now, s.jobs, s.byNode)
 	snap := s.snapshotLocked(now)
 	s.mu.Unlock()
+	defer trace.StartRegion(ctx, "broker.cycle").End()
 
 	// The core runs without the lock: jobs and nodes are replaced, never
 	// changed in place, so the snapshot stays consistent while submits and
 	// heartbeats go on. applyLocked skips whatever changed meanwhile.
 	t0 := time.Now()
+	r := trace.StartRegion(ctx, "broker.schedule")
 	plan := sc.core.Schedule(snap)
+	r.End()
 	s.metrics.cycleSeconds.Observe(time.Since(t0).Seconds())
 
 	s.mu.Lock()
@@ -258,9 +263,15 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		}
 		// The full sentence with the queue position is served from memory.
 		// The store gets the reason's kind when it changes, at most every
-		// reasonPersistEvery per job, so codes that flip between cycles do
-		// not turn into a write storm; a standby still shows a recent one.
-		if old.Pending == nil || (old.Pending.Code != r.Code && now.Sub(s.reasonSaved[id]) >= reasonPersistEvery) {
+		// reasonPersistEvery per job — counted for a job without a stored
+		// reason from its entry into the queue — so codes that flip between
+		// cycles, and jobs that wait only moments, do not turn into a write
+		// storm; a standby still shows a recent one.
+		saved, ok := s.reasonSaved[id]
+		if !ok && len(old.History) > 0 {
+			saved = old.History[len(old.History)-1].At
+		}
+		if (old.Pending == nil || old.Pending.Code != r.Code) && now.Sub(saved) >= reasonPersistEvery {
 			j := cloneJob(old)
 			rc := r
 			j.Pending = &rc

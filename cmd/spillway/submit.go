@@ -9,9 +9,9 @@ import (
 )
 
 func submitCmd(g *globals) *cobra.Command {
-	var file string
+	var file, array string
 	cmd := &cobra.Command{
-		Use:   "submit -f job.yaml",
+		Use:   "submit -f job.yaml [--array 0-999]",
 		Short: "Submit a job spec (YAML or JSON; - reads standard input)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -35,10 +35,19 @@ func submitCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			j, err := c.Submit(cmd.Context(), raw)
+			sub, err := c.SubmitArray(cmd.Context(), raw, array)
 			if err != nil {
 				return err
 			}
+			if a := sub.Array; a != nil {
+				if g.json() {
+					return g.printJSON(a)
+				}
+				fmt.Fprintf(g.stdout, "submitted array %s: %d jobs, %s (index %d) to %s (index %d)\n",
+					a.ArrayID, a.Count, a.Jobs[0], a.Indexes[0], a.Jobs[len(a.Jobs)-1], a.Indexes[len(a.Indexes)-1])
+				return nil
+			}
+			j := sub.Job
 			if g.json() {
 				return g.printJSON(j)
 			}
@@ -47,5 +56,6 @@ func submitCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "job spec file, or - for standard input")
+	cmd.Flags().StringVar(&array, "array", "", "submit one job per index, as Slurm's --array: 0-999, 1,3,5-7 or 0-15:4 (each job reads its index from SPILLWAY_ARRAY_INDEX)")
 	return cmd
 }

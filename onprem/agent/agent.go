@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,6 +67,10 @@ type Agent struct {
 	unhealthy map[int]string
 	leaks     []agentapi.Leak
 	wakeCh    chan struct{}
+	// samples are the GPU reads shared by heartbeats and cleanups;
+	// telemetryAt is when a heartbeat last carried one.
+	samples     sampler
+	telemetryAt time.Time
 }
 
 // New makes an agent over a GPU backend.
@@ -239,6 +244,7 @@ func (ag *Agent) unhealthyCopy() map[int]string {
 // happens the broker holds the request up to one interval (long poll); a
 // job ending cuts the wait short.
 func (ag *Agent) syncOnce(ctx context.Context) error {
+	ag.gatherEnds(ctx)
 	req := ag.buildSync()
 	wait := req.Wait
 	pollCtx, cancel := context.WithTimeout(ctx, wait+30*time.Second)
@@ -255,7 +261,9 @@ func (ag *Agent) syncOnce(ctx context.Context) error {
 		}
 	}()
 	var resp agentapi.SyncResponse
+	region := trace.StartRegion(ctx, "agent.sync")
 	err := ag.post(pollCtx, agentapi.PathSync, req, &resp)
+	region.End()
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(pollCtx.Err(), context.Canceled) {
 			return nil // woken: send the next heartbeat right away
@@ -307,12 +315,15 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 	if len(req.Logs) > 0 {
 		req.Wait = 0
 	}
-	if s, err := ag.backend.Sample(); err == nil {
-		ag.noteEventsLocked(s)
-		req.Telemetry = &s
-		req.Owners = ag.ownersLocked(s)
-	} else {
-		ag.log.Warn("gpu sample failed", "err", err)
+	if now := time.Now(); now.Sub(ag.telemetryAt) >= telemetryEvery {
+		ag.telemetryAt = now
+		if s, _, err := ag.samples.since(ag.backend, now); err == nil {
+			ag.noteEventsLocked(s)
+			req.Telemetry = &s
+			req.Owners = ag.ownersLocked(s)
+		} else {
+			ag.log.Warn("gpu sample failed", "err", err)
+		}
 	}
 	if len(ag.unhealthy) > 0 {
 		req.Unhealthy = make(map[int]string, len(ag.unhealthy))
@@ -394,17 +405,21 @@ func (ag *Agent) apply(resp *agentapi.SyncResponse) {
 	ag.mu.Unlock()
 
 	for _, a := range toStart {
+		region := trace.StartRegion(context.Background(), "agent.spawn")
 		r := ag.startRun(a)
+		region.End()
 		ag.mu.Lock()
 		ag.runs[a.JobRef] = r
 		ag.mu.Unlock()
-		ag.saveRuns()
 		if r.state == agentapi.RunFailedToStart {
 			ag.log.Warn("job failed to start", "job", a.Job, "attempt", a.Attempt, "err", r.message)
 			ag.wake()
 		} else {
 			ag.log.Info("job started", "job", a.Job, "attempt", a.Attempt, "pid", r.pgid, "gpus", a.UUIDs)
 		}
+	}
+	if len(toStart) > 0 {
+		ag.saveRuns() // once for the whole batch of starts
 	}
 	for _, s := range toStop {
 		reason := "stopped"

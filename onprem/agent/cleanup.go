@@ -2,8 +2,10 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +31,7 @@ func (ag *Agent) afterExit(r *run) {
 	if len(r.a.UUIDs) == 0 {
 		return
 	}
+	defer trace.StartRegion(context.Background(), "agent.cleanup").End()
 	deadline := time.Now().Add(cleanWait)
 	killed := map[int]bool{}
 	for {
@@ -84,7 +87,8 @@ func residualMemory(cardBytes int64) int64 { return max(1<<30, cardBytes/50) }
 // that still shows memory in use, and that no other attempt shares, is
 // returned with pid 0: memory held by nothing the agent can kill.
 func (ag *Agent) strays(ended *run) (map[int][]int, error) {
-	s, err := ag.backend.Sample()
+	// Any sample that began after this call is as good as a new one.
+	s, _, err := ag.samples.since(ag.backend, time.Now())
 	if err != nil {
 		return nil, err
 	}

@@ -43,6 +43,9 @@ type run struct {
 	logPath string
 	pgid    int
 	started time.Time
+	// spawned is when the process started on the monotonic clock (for
+	// pacing reports, never reported).
+	spawned time.Time
 
 	mu       sync.Mutex
 	state    agentapi.RunState
@@ -185,6 +188,7 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	}
 	pw.Close() // the child has its copy
 	r.pgid = cmd.Process.Pid
+	r.spawned = time.Now()
 	copied := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(r.log, pr)

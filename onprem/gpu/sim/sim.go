@@ -324,7 +324,20 @@ type procScanner struct {
 	byUUID map[string]int
 	log    *slog.Logger
 	buf    []byte // reused between reads; guarded by Backend.mu
+	// without[pid] is when the process was last found without
+	// CUDA_VISIBLE_DEVICES (or unreadable). Such a process is not read again
+	// for withoutTTL, unless it leaves the process table meanwhile: a scan
+	// during a burst of short jobs reads only the new processes. A process
+	// that execs into a GPU program under the same pid shows up at most
+	// withoutTTL late; a recycled pid needs the whole pid space to wrap
+	// within withoutTTL. Guarded by Backend.mu.
+	without map[int]time.Time
+	seen    map[int]bool // scratch: the pids of the current listing
 }
+
+// withoutTTL is how long a process found without the simulation's variable
+// is trusted to stay that way.
+const withoutTTL = time.Second
 
 // simProc is one process on one or more simulated cards.
 type simProc struct {
@@ -353,15 +366,29 @@ func (s *procScanner) scan() ([]simProc, error) {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
 	var out []simProc
+	now := time.Now()
+	if s.without == nil {
+		s.without, s.seen = map[int]time.Time{}, map[int]bool{}
+	}
+	clear(s.seen)
 	for _, n := range names {
 		pid, ok := parsePID(n)
 		if !ok {
 			continue
 		}
-		env, err := s.read(filepath.Join(s.root, n, "environ"))
-		if err != nil || !bytes.Contains(env, cudaKey) {
+		s.seen[pid] = true
+		if at, ok := s.without[pid]; ok && now.Sub(at) < withoutTTL {
 			continue
 		}
+		env, err := s.read(filepath.Join(s.root, n, "environ"))
+		if err != nil {
+			continue // gone, or not ours to read: asked again next time
+		}
+		if !bytes.Contains(env, cudaKey) {
+			s.without[pid] = now
+			continue
+		}
+		delete(s.without, pid)
 		p, ok := s.parse(pid, env)
 		if !ok {
 			continue
@@ -370,6 +397,11 @@ func (s *procScanner) scan() ([]simProc, error) {
 			p.name = string(bytes.TrimSpace(comm))
 		}
 		out = append(out, p)
+	}
+	for pid := range s.without {
+		if !s.seen[pid] {
+			delete(s.without, pid) // gone: a process with this pid later is new
+		}
 	}
 	slices.SortFunc(out, func(a, b simProc) int { return a.pid - b.pid })
 	return out, nil

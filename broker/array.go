@@ -1,0 +1,92 @@
+package broker
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// MaxArraySize is the most elements one array submit may make.
+const MaxArraySize = 10000
+
+// maxArrayIndex is the largest index an array may name.
+const maxArrayIndex = 1_000_000
+
+// ParseArray reads an array's indexes as Slurm's --array writes them: a
+// comma-separated list of indexes and ranges, each range with an optional
+// step ("0-999", "1,3,5", "0-15:4", "0-9,20-29"). It returns the indexes
+// in ascending order, each once, or an error saying what is wrong.
+func ParseArray(s string) ([]int, error) {
+	if s == "" {
+		return nil, fmt.Errorf("is empty")
+	}
+	if len(s) > 1024 {
+		return nil, fmt.Errorf("is longer than 1024 characters")
+	}
+	seen := map[int]bool{}
+	var out []int
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		rng, stepText, hasStep := strings.Cut(part, ":")
+		lo, hi, isRange := strings.Cut(rng, "-")
+		from, err := arrayIndex(lo)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %v", clip(part), err)
+		}
+		to, step := from, 1
+		if isRange {
+			if to, err = arrayIndex(hi); err != nil {
+				return nil, fmt.Errorf("%q: %v", clip(part), err)
+			}
+			if to < from {
+				return nil, fmt.Errorf("%q: a range must go up (%d-%d)", clip(part), from, to)
+			}
+		}
+		if hasStep {
+			if !isRange {
+				return nil, fmt.Errorf("%q: a step needs a range (like 0-15:4)", clip(part))
+			}
+			n, err := strconv.Atoi(stepText)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("%q: the step must be a whole number of at least 1", clip(part))
+			}
+			step = n
+		}
+		if (to-from)/step+1+len(out) > MaxArraySize {
+			return nil, fmt.Errorf("has more than %d elements", MaxArraySize)
+		}
+		for i := from; i <= to; i += step {
+			if !seen[i] {
+				seen[i] = true
+				out = append(out, i)
+			}
+		}
+	}
+	sortInts(out)
+	return out, nil
+}
+
+func arrayIndex(s string) (int, error) {
+	if s == "" || len(s) > 7 {
+		return 0, fmt.Errorf("indexes are whole numbers from 0 to %d", maxArrayIndex)
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("indexes are whole numbers from 0 to %d", maxArrayIndex)
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n > maxArrayIndex {
+		return 0, fmt.Errorf("indexes are whole numbers from 0 to %d", maxArrayIndex)
+	}
+	return n, nil
+}
+
+func sortInts(xs []int) {
+	// Insertion into an almost sorted list: ranges come in order.
+	for i := 1; i < len(xs); i++ {
+		for k := i; k > 0 && xs[k] < xs[k-1]; k-- {
+			xs[k], xs[k-1] = xs[k-1], xs[k]
+		}
+	}
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// ArraySubmitted is the answer to an array submit: the array's id and its
+// elements' job ids, in index order.
+type ArraySubmitted struct {
+	ArrayID string   `json:"arrayId"`
+	Count   int      `json:"count"`
+	Jobs    []string `json:"jobs"`
+	Indexes []int    `json:"indexes"`
+}
+
+// submitArray stores one job per index of an array spec, all in one
+// transaction (the whole array or none of it), and answers 201 with their
+// ids. Each element is a job of its own: its own history, attempts,
+// ledger lines and SPILLWAY_ARRAY_INDEX.
+func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) error {
+	idx, err := broker.ParseArray(spec.Array)
+	if err != nil {
+		return errBadRequest("array", broker.CodeInvalid, "%v", err)
+	}
+	now := s.clock.Now()
+	arrayID := s.ids.next(now)
+	out := ArraySubmitted{ArrayID: arrayID, Count: len(idx), Jobs: make([]string, len(idx)), Indexes: idx}
+	jobs := make([]*broker.Job, len(idx))
+	detail := "by " + p.Name + " (array " + arrayID + ")"
+	for k := range idx {
+		j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now,
+			ArrayID: arrayID, ArrayIndex: &idx[k]}
+		j.Spec.Array = "" // the element is one job; ArrayID and ArrayIndex say where it belongs
+		j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: detail}}
+		s.strs.job(j)
+		jobs[k] = j
+		out.Jobs[k] = j.ID
+	}
+	ctx := c.Request().Context()
+	if err := s.store.Update(ctx, func(tx broker.Tx) error {
+		for _, j := range jobs {
+			if err := broker.PutJob(tx, j); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("store array: %w", err)
+	}
+	s.mu.Lock()
+	for _, j := range jobs {
+		s.jobs[j.ID] = j
+	}
+	s.mu.Unlock()
+	for _, j := range jobs {
+		s.metrics.observeTransition(nil, j)
+	}
+	s.metrics.submitted.WithLabelValues(spec.Queue).Add(float64(len(jobs)))
+	s.log.Info("job array submitted", "array", arrayID, "jobs", len(jobs), "team", spec.Team, "queue", spec.Queue,
+		"gpus_each", jobs[0].TotalGPUs(), "user", p.Name)
+	s.kick()
+	return c.JSON(http.StatusCreated, out)
+}
+
+// addArrayEnv gives an array element its index and its array's id.
+func addArrayEnv(j *broker.Job, env map[string]string) {
+	if j.ArrayIndex == nil {
+		return
+	}
+	env["SPILLWAY_ARRAY_INDEX"] = strconv.Itoa(*j.ArrayIndex)
+	env["SPILLWAY_ARRAY_JOB_ID"] = j.ArrayID
+}

@@ -1,0 +1,116 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// TestArraySubmit: one call with array 0-9 makes ten jobs, each its own
+// job with its index in SPILLWAY_ARRAY_INDEX, its own history and its own
+// ledger lines; the elements survive a restart.
+func TestArraySubmit(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("node-a", 8)
+	var out ArraySubmitted
+	spec := `{"name":"sweep","resources":{"gpus":1},"timeout":"1h","command":["python","eval.py"],"array":"0-9"}`
+	if code := h.do("POST", "/v1/jobs", tokAlice, spec, &out); code != http.StatusCreated {
+		t.Fatalf("submit array: %d", code)
+	}
+	if out.ArrayID == "" || out.Count != 10 || len(out.Jobs) != 10 || !slices.Equal(out.Indexes, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+		t.Fatalf("answer %+v", out)
+	}
+	for k, id := range out.Jobs {
+		j := h.job(id)
+		if j.ArrayID != out.ArrayID || j.ArrayIndex == nil || *j.ArrayIndex != k || j.Spec.Array != "" || j.Spec.Team != "nlp" {
+			t.Fatalf("element %d: %+v", k, j)
+		}
+	}
+	h.cycle()
+	resp := a.sync()
+	if len(resp.Start) != 8 {
+		t.Fatalf("%d starts in one sync answer, want 8 (every free card)", len(resp.Start))
+	}
+	byJob := map[string]string{}
+	for _, st := range resp.Start {
+		byJob[st.Job] = st.Env["SPILLWAY_ARRAY_INDEX"]
+		if st.Env["SPILLWAY_ARRAY_JOB_ID"] != out.ArrayID {
+			t.Fatalf("SPILLWAY_ARRAY_JOB_ID %q", st.Env["SPILLWAY_ARRAY_JOB_ID"])
+		}
+	}
+	for k, id := range out.Jobs[:8] {
+		if want := strings.TrimSpace(string(rune('0' + k))); byJob[id] != want {
+			t.Fatalf("job %s got SPILLWAY_ARRAY_INDEX %q, want %s", id, byJob[id], want)
+		}
+	}
+	h.clock.Step(10 * time.Minute)
+	for _, id := range out.Jobs[:8] {
+		a.exit(id, 0, "")
+	}
+	a.sync()
+	h.cycle()
+	resp = a.sync()
+	if len(resp.Start) != 2 {
+		t.Fatalf("%d starts after the first eight ended, want 2", len(resp.Start))
+	}
+	h.restart()
+	a = h.agent("node-a", 8)
+	for k, id := range out.Jobs {
+		j := h.job(id)
+		if j.ArrayIndex == nil || *j.ArrayIndex != k {
+			t.Fatalf("after restart element %d: %+v", k, j)
+		}
+		if k < 8 {
+			if j.State != broker.StateSucceeded {
+				t.Fatalf("element %d: %s", k, j.State)
+			}
+			if got := states(j); !slices.Equal(got, []broker.State{broker.StatePending, broker.StateStarting, broker.StateRunning, broker.StateSucceeded}) {
+				t.Fatalf("element %d history %v", k, got)
+			}
+			if gm, _ := h.ledgerFor(id); gm != 10*60*1000 {
+				t.Fatalf("element %d ledger %d GPU-ms, want 600000", k, gm)
+			}
+		}
+	}
+}
+
+// TestArrayBadInput: a malformed array names the field and the rule, and
+// nothing is stored.
+func TestArrayBadInput(t *testing.T) {
+	h := newHarness(t)
+	for _, arr := range []string{"9-1", "a-b", "0-20000", "1:2", "0-9:0", "-1", "0-1000001"} {
+		var e struct {
+			Error struct {
+				Field   string `json:"field"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		spec := `{"resources":{"gpus":1},"timeout":"1h","command":["true"],"array":"` + arr + `"}`
+		if code := h.do("POST", "/v1/jobs", tokAlice, spec, &e); code != http.StatusBadRequest {
+			t.Fatalf("array %q: %d", arr, code)
+		}
+		if !strings.Contains(e.Error.Field+e.Error.Message, "array") {
+			t.Fatalf("array %q: error %+v does not name the field", arr, e)
+		}
+	}
+	var e map[string]any
+	if code := h.do("POST", "/v1/jobs?array=0-3", tokAlice, `{"resources":{"gpus":1},"timeout":"1h","command":["true"],"array":"0-4"}`, &e); code != http.StatusBadRequest {
+		t.Fatalf("two different arrays: %d", code)
+	}
+	var l JobList
+	h.do("GET", "/v1/jobs", tokAdmin, nil, &l)
+	if len(l.Jobs) != 0 {
+		t.Fatalf("%d jobs stored after bad submits", len(l.Jobs))
+	}
+	var out ArraySubmitted
+	if code := h.do("POST", "/v1/jobs?array=1,3,5-9:2", tokAlice, `{"resources":{"gpus":1},"timeout":"1h","command":["true"]}`, &out); code != http.StatusCreated {
+		t.Fatalf("query array: %d", code)
+	}
+	if !slices.Equal(out.Indexes, []int{1, 3, 5, 7, 9}) {
+		t.Fatalf("indexes %v", out.Indexes)
+	}
+}

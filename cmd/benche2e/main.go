@@ -1,0 +1,607 @@
+// Command benche2e replays a JSON-lines workload against a real broker
+// (embedded bbolt store, the HTTP API on 127.0.0.1) with N simulated agents
+// that run real processes, and prints jobs started per second, makespan
+// against its lower bound, waits by priority class and GPU utilisation.
+//
+//	benche2e -workload deploy/bench/zero-2000.jsonl -mode parallel
+//	benche2e -gen mixed > deploy/bench/mixed-500.jsonl
+//
+// Every workload line is {"id","submit_s","gpus","duration_s","priority",
+// "team"}; a job of duration 0 runs `true`, any other `sleep duration_s`.
+// Modes: sequential (one submitter, in submit order, each at its
+// submit_s), parallel (-submitters goroutines taking jobs in order), array
+// (one array submit per group of identical jobs submitted at the same
+// time; each element is its own job).
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"runtime/trace"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/bolt"
+	"github.com/spillway-dev/spillway/broker/client"
+	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/server"
+	"github.com/spillway-dev/spillway/onprem/agent"
+	"github.com/spillway-dev/spillway/onprem/gpu/backends"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "benche2e:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	workload      string
+	mode          string
+	agents        int
+	gpusPerAgent  int
+	submitters    int
+	preemptLow    bool
+	timeoutSlack  time.Duration
+	traceFile     string
+	cpuProfile    string
+	verbose       bool
+	schedInterval time.Duration
+	teamQuota     int
+	jobsOut       string
+	agentBin      string
+}
+
+func run(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("benche2e", flag.ContinueOnError)
+	var o options
+	var gen string
+	fs.StringVar(&gen, "gen", "", "write a standard workload to stdout instead: zero (2,000 zero-length 1-GPU jobs at t=0) or mixed (500 jobs, Poisson 5/s)")
+	fs.StringVar(&o.workload, "workload", "", "JSON-lines workload file")
+	fs.StringVar(&o.mode, "mode", "sequential", "sequential | parallel | array")
+	fs.IntVar(&o.agents, "agents", 4, "simulated agents")
+	fs.IntVar(&o.gpusPerAgent, "gpus", 8, "simulated GPUs per agent")
+	fs.IntVar(&o.submitters, "submitters", 8, "submitters in parallel mode")
+	fs.BoolVar(&o.preemptLow, "preemptible-low", false, "mark the workload's low-priority jobs preemptible")
+	fs.DurationVar(&o.timeoutSlack, "timeout-slack", 5*time.Second, "declared timeout of a job: its duration plus this")
+	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the broker and agents here (go tool trace FILE)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replay here (go tool pprof FILE)")
+	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
+	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
+	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
+	fs.StringVar(&o.agentBin, "agent-bin", "", "run each agent as its own process of this spillway binary (`spillway agent`), as on separate nodes; default: agents inside this process")
+	fs.DurationVar(&o.schedInterval, "interval", 500*time.Millisecond, "the broker's scheduling interval (cycles also run on every submit and end)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if gen != "" {
+		return generate(gen, out)
+	}
+	if o.workload == "" {
+		return errors.New("-workload is required (or -gen)")
+	}
+	switch o.mode {
+	case "sequential", "parallel", "array":
+	default:
+		return fmt.Errorf("-mode must be sequential, parallel or array, got %q", o.mode)
+	}
+	if o.agents < 1 || o.gpusPerAgent < 1 || o.gpusPerAgent > 8 || o.submitters < 1 {
+		return errors.New("-agents, -submitters must be ≥ 1 and -gpus 1-8")
+	}
+	items, err := readWorkload(o.workload)
+	if err != nil {
+		return err
+	}
+	res, err := replay(o, items)
+	if err != nil {
+		return err
+	}
+	res.print(out, o, items)
+	if o.jobsOut != "" {
+		return res.writeCSV(o.jobsOut)
+	}
+	return nil
+}
+
+func token() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// cluster is a broker and its agents in this process.
+type cluster struct {
+	url     string
+	tokens  map[string]string // team → user token
+	admin   string
+	stop    func()
+	dataDir string
+}
+
+func startCluster(o options, teams []string) (*cluster, error) {
+	dir, err := os.MkdirTemp("", "benche2e-")
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{tokens: map[string]string{}, admin: token(), dataDir: dir}
+	var tb strings.Builder
+	for i, t := range teams {
+		c.tokens[t] = token()
+		fmt.Fprintf(&tb, "    - {name: u%d, role: user, team: %q, token: %s}\n", i, t, c.tokens[t])
+	}
+	agentTok := token()
+	var teamsYAML string
+	if o.teamQuota > 0 {
+		teamsYAML = "teams:\n"
+		for _, t := range teams {
+			teamsYAML += fmt.Sprintf("  - {name: %q, quota: {gpus: %d}}\n", t, o.teamQuota)
+		}
+	}
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listen: 127.0.0.1:0
+dataDir: %s
+cluster: bench
+scheduler:
+  interval: %s
+agents:
+  heartbeatInterval: 2s
+auth:
+  tokens:
+%s    - {name: admin, role: operator, token: %s}
+    - {name: agents, role: agent, token: %s}
+%s`, dir, o.schedInterval, tb.String(), c.admin, agentTok, teamsYAML)))
+	if err != nil {
+		return nil, fmt.Errorf("bench config: %w", err)
+	}
+	var log *slog.Logger
+	if o.verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	} else {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	st, err := bolt.Open(filepath.Join(dir, bolt.FileName))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := server.New(ctx, cfg, st, server.Options{Logger: log})
+	if err != nil {
+		cancel()
+		st.Close()
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		st.Close()
+		return nil, err
+	}
+	c.url = "http://" + l.Addr().String()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = srv.Serve(ctx, l)
+	}()
+	var procs []*exec.Cmd
+	for i := range o.agents {
+		name := fmt.Sprintf("sim-%02d", i+1)
+		if o.agentBin != "" {
+			cmd := exec.Command(o.agentBin, "agent", "--broker", c.url, "--name", name,
+				"--gpus", fmt.Sprintf("sim:%dxH100-80GB", o.gpusPerAgent), "--data-dir", filepath.Join(dir, "agents", name))
+			cmd.Env = append(os.Environ(), "SPILLWAY_AGENT_TOKEN="+agentTok)
+			if o.verbose {
+				cmd.Stderr = os.Stderr
+			}
+			if err := cmd.Start(); err != nil {
+				cancel()
+				wg.Wait()
+				return nil, fmt.Errorf("start agent %s: %w", name, err)
+			}
+			procs = append(procs, cmd)
+			continue
+		}
+		be, err := backends.Open(fmt.Sprintf("sim:%dxH100-80GB", o.gpusPerAgent), name, log)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return nil, err
+		}
+		ag, err := agent.New(agent.Config{Broker: c.url, Token: agentTok, Name: name,
+			DataDir: filepath.Join(dir, "agents", name), Version: server.Version}, be, log)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer be.Close()
+			_ = ag.Run(ctx)
+		}()
+	}
+	c.stop = func() {
+		for _, p := range procs {
+			_ = p.Process.Signal(syscall.SIGTERM)
+		}
+		for _, p := range procs {
+			_ = p.Wait()
+		}
+		cancel()
+		wg.Wait()
+		st.Close()
+		os.RemoveAll(dir)
+	}
+	// Wait for every agent to register.
+	cl := client.New(c.url, c.admin)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		nodes, err := cl.Nodes(context.Background())
+		ready := 0
+		if err == nil {
+			for _, n := range nodes {
+				if n.State == broker.NodeReady {
+					ready++
+				}
+			}
+		}
+		if ready == o.agents {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.stop()
+			return nil, fmt.Errorf("only %d of %d agents registered within 60 s (last error: %v)", ready, o.agents, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return c, nil
+}
+
+// specFor is the job spec of one workload item.
+func specFor(it Item, o options) broker.Spec {
+	cmd := []string{"true"}
+	if it.DurationS > 0 {
+		cmd = []string{"sleep", fmt.Sprintf("%.3f", it.DurationS)}
+	}
+	timeout := time.Duration(it.DurationS*float64(time.Second)) + o.timeoutSlack
+	timeout = timeout.Round(time.Second)
+	if timeout < time.Second {
+		timeout = time.Second
+	}
+	return broker.Spec{
+		Name:        it.ID,
+		Priority:    it.Priority,
+		Preemptible: o.preemptLow && it.Priority == "low",
+		Resources:   broker.Resources{GPUs: it.GPUs},
+		Timeout:     broker.Duration(timeout),
+		Command:     cmd,
+	}
+}
+
+// submitted is what the replay knows of one job once the broker took it.
+type submitted struct {
+	item Item
+	id   string
+}
+
+// result is the finished replay.
+type result struct {
+	t0       time.Time
+	jobs     []*broker.Job
+	items    []Item  // items[i] is what jobs[i] replays
+	submitS  float64 // first submit call to last submit answer
+	firstSub time.Time
+	calls    int
+}
+
+func replay(o options, items []Item) (*result, error) {
+	teams := map[string]bool{}
+	for _, it := range items {
+		teams[it.Team] = true
+	}
+	teamList := make([]string, 0, len(teams))
+	for t := range teams {
+		teamList = append(teamList, t)
+	}
+	sort.Strings(teamList)
+	c, err := startCluster(o, teamList)
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	if o.traceFile != "" {
+		f, err := os.Create(o.traceFile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return nil, err
+		}
+		defer trace.Stop()
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	clients := map[string]*client.Client{}
+	for t, tok := range c.tokens {
+		clients[t] = client.New(c.url, tok)
+	}
+	ctx := context.Background()
+	res := &result{}
+	var mu sync.Mutex
+	var subs []submitted
+	var firstErr error
+	record := func(s []submitted, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		subs = append(subs, s...)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	submitOne := func(it Item) {
+		j, err := clients[it.Team].SubmitSpec(ctx, specFor(it, o))
+		if err != nil {
+			record(nil, fmt.Errorf("submit %s: %w", it.ID, err))
+			return
+		}
+		record([]submitted{{it, j.ID}}, nil)
+	}
+	t0 := time.Now()
+	res.t0 = t0
+	at := func(it Item) {
+		if d := time.Until(t0.Add(time.Duration(it.SubmitS * float64(time.Second)))); d > 0 {
+			time.Sleep(d)
+		}
+	}
+	switch o.mode {
+	case "sequential":
+		for _, it := range items {
+			at(it)
+			submitOne(it)
+		}
+	case "parallel":
+		ch := make(chan Item)
+		var wg sync.WaitGroup
+		for range o.submitters {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for it := range ch {
+					submitOne(it)
+				}
+			}()
+		}
+		for _, it := range items {
+			at(it)
+			ch <- it
+		}
+		close(ch)
+		wg.Wait()
+	case "array":
+		for _, g := range arrayGroups(items) {
+			at(g[0])
+			s, err := submitArray(ctx, clients[g[0].Team], g, o)
+			record(s, err)
+			res.calls++
+		}
+	}
+	res.submitS = time.Since(t0).Seconds()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	// Wait until every job has ended.
+	admin := client.New(c.url, c.admin)
+	active := []broker.State{broker.StatePending, broker.StateProvisioning, broker.StateStarting,
+		broker.StateRunning, broker.StatePreempted, broker.StateLost}
+	deadline := time.Now().Add(time.Duration(lowerBound(items, o.agents*o.gpusPerAgent)*4)*time.Second + 2*time.Minute)
+	for {
+		l, err := admin.Jobs(ctx, client.ListOptions{States: active, Limit: 1})
+		if err == nil && len(l.Jobs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("jobs still running at the deadline (last error: %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if o.traceFile != "" {
+		trace.Stop()
+	}
+	// Fetch every job with its history.
+	res.jobs = make([]*broker.Job, len(subs))
+	res.items = make([]Item, len(subs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	errs := make(chan error, len(subs))
+	for i, s := range subs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			j, err := admin.Job(ctx, s.id)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if o.mode != "array" && j.Spec.Name != s.item.ID {
+				errs <- fmt.Errorf("job %s is named %q, want %q", s.id, j.Spec.Name, s.item.ID)
+				return
+			}
+			res.jobs[i] = j
+			res.items[i] = s.item
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		return nil, err
+	}
+	return res, nil
+}
+
+// arrayGroups splits the workload into runs of jobs that one array submit
+// can carry: consecutive, same submit time, team, GPUs, duration and
+// priority.
+func arrayGroups(items []Item) [][]Item {
+	var out [][]Item
+	for _, it := range items {
+		if n := len(out); n > 0 {
+			g := out[n-1]
+			h := g[0]
+			if h.SubmitS == it.SubmitS && h.Team == it.Team && h.GPUs == it.GPUs && h.DurationS == it.DurationS &&
+				h.Priority == it.Priority && len(g) < 10000 {
+				out[n-1] = append(g, it)
+				continue
+			}
+		}
+		out = append(out, []Item{it})
+	}
+	return out
+}
+
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+func (r *result) print(w io.Writer, o options, items []Item) {
+	gpus := o.agents * o.gpusPerAgent
+	var lastStart, lastEnd time.Time
+	waits := map[string][]float64{}
+	var all []float64
+	busy := 0.0
+	failed := 0
+	for i, j := range r.jobs {
+		it := r.items[i]
+		if j.State != broker.StateSucceeded {
+			failed++
+		}
+		if j.StartedAt == nil || j.EndedAt == nil {
+			continue
+		}
+		// The wait is from the workload's submit time to the first start
+		// of the process (a preempted job's later attempts do not count).
+		sub := r.t0.Add(time.Duration(it.SubmitS * float64(time.Second)))
+		wt := max(0, firstStart(j).Sub(sub).Seconds())
+		waits[it.Priority] = append(waits[it.Priority], wt)
+		all = append(all, wt)
+		if j.StartedAt.After(lastStart) {
+			lastStart = *j.StartedAt
+		}
+		if j.EndedAt.After(lastEnd) {
+			lastEnd = *j.EndedAt
+		}
+		busy += float64(j.TotalGPUs()) * runSeconds(j)
+	}
+	makespan := lastEnd.Sub(r.t0).Seconds()
+	lb := lowerBound(items, gpus)
+	startSpan := lastStart.Sub(r.t0).Seconds()
+	fmt.Fprintf(w, "workload %s: %d jobs, mode %s", filepath.Base(o.workload), len(items), o.mode)
+	switch o.mode {
+	case "parallel":
+		fmt.Fprintf(w, " (%d submitters)", o.submitters)
+	case "array":
+		fmt.Fprintf(w, " (%d submit calls)", r.calls)
+	}
+	fmt.Fprintf(w, ", %d agents × %d GPUs, preemptible low: %v, team quota: %d GPUs, GOMAXPROCS %d\n", o.agents, o.gpusPerAgent, o.preemptLow, o.teamQuota, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(w, "  submitted in     %.2f s (%.0f submits/s)\n", r.submitS, float64(len(items))/r.submitS)
+	fmt.Fprintf(w, "  jobs started/s   %.0f (%d starts in %.2f s from the first submit)\n", float64(len(all))/startSpan, len(all), startSpan)
+	fmt.Fprintf(w, "  makespan         %.2f s, lower bound %.2f s (%.3f×)\n", makespan, lb, makespan/lb)
+	fmt.Fprintf(w, "  wait p50/p99     all %.3f / %.3f s", percentile(all, 0.5), percentile(all, 0.99))
+	for _, p := range []string{"high", "medium", "low"} {
+		if ws := waits[p]; len(ws) > 0 {
+			fmt.Fprintf(w, "; %s %.3f / %.3f s", p, percentile(ws, 0.5), percentile(ws, 0.99))
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  GPU utilisation  %.1f%% (GPU-seconds held by running processes / (%d GPUs × makespan))\n", 100*busy/(float64(gpus)*makespan), gpus)
+	if failed > 0 {
+		fmt.Fprintf(w, "  NOT SUCCEEDED    %d jobs\n", failed)
+	}
+}
+
+// writeCSV writes one line per job, times in seconds from the replay's
+// start.
+func (r *result) writeCSV(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fmt.Fprintln(f, "id,priority,team,gpus,duration_s,submit_s,start_s,end_s,wait_s,state,attempts")
+	rel := func(t *time.Time) float64 {
+		if t == nil {
+			return -1
+		}
+		return t.Sub(r.t0).Seconds()
+	}
+	for i, j := range r.jobs {
+		it := r.items[i]
+		first := firstStart(j)
+		st := rel(&first)
+		fmt.Fprintf(f, "%s,%s,%s,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%d\n", it.ID, it.Priority, it.Team, it.GPUs, it.DurationS,
+			it.SubmitS, st, rel(j.EndedAt), st-it.SubmitS, j.State, j.Attempt)
+	}
+	return nil
+}
+
+// firstStart is when the job's first attempt started running.
+func firstStart(j *broker.Job) time.Time {
+	for _, t := range j.History {
+		if t.To == broker.StateRunning {
+			return t.At
+		}
+	}
+	return *j.StartedAt
+}
+
+// runSeconds is the time the job's processes ran, over all its attempts.
+func runSeconds(j *broker.Job) float64 {
+	total := 0.0
+	var from *time.Time
+	for i := range j.History {
+		t := &j.History[i]
+		switch {
+		case t.To == broker.StateRunning:
+			from = &t.At
+		case from != nil:
+			total += t.At.Sub(*from).Seconds()
+			from = nil
+		}
+	}
+	return total
+}
