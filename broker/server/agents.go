@@ -284,7 +284,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 			}
 			// Bytes past the cap count as delivered so the agent stops
 			// resending them.
-			resp.LogOffsets[refKey(r.JobRef)] = m.Size + m.Dropped
+			resp.LogOffsets[refKey(r.JobRef)] = m.Received()
 		}
 		return nil
 	}

@@ -513,11 +513,15 @@ func testLogs(t *testing.T, h Harness) {
 		t.Fatalf("ranged read = %q", got)
 	}
 	m, err := appendLog(12, "0123456789", 20)
-	if err != nil || m.Size != 20 || m.Dropped != 2 {
+	if err != nil || m.Received() != 22 || m.Dropped != 2 || m.Size != 20+int64(len(broker.LogTruncatedMarker(20))) {
 		t.Fatalf("capped append: %+v %v", m, err)
 	}
-	if got := read(12, 100); got != "01234567" {
+	if got := read(12, 100); got != "01234567"+broker.LogTruncatedMarker(20) {
 		t.Fatalf("tail after cap = %q", got)
+	}
+	// Past the cap every chunk is acknowledged, none refused (finding 3).
+	if m, err := appendLog(22, "more", 20); err != nil || m.Received() != 26 || m.Dropped != 6 {
+		t.Fatalf("append past cap: %+v %v", m, err)
 	}
 }
 
