@@ -17,6 +17,7 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/server"
+	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
 // Client talks to one broker.
@@ -28,7 +29,7 @@ type Client struct {
 
 // New returns a client for the broker at baseURL.
 func New(baseURL, token string) *Client {
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: followRedirects}}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: wire.RedirectPolicy(nil)}}
 }
 
 // APIError is an error answer of the API.

@@ -38,6 +38,9 @@ type Config struct {
 	GPUs    string            `json:"gpus,omitempty"`
 	DataDir string            `json:"dataDir"`
 	Labels  map[string]string `json:"labels,omitempty"`
+	// Peers are the URLs of the cluster's other brokers: the token follows
+	// a standby's redirect to them (and to the broker's own host) only.
+	Peers []string `json:"peers,omitempty"`
 	// LogLimit caps each attempt's local log file (bytes).
 	LogLimit int64 `json:"logLimit,omitempty"`
 	// Version is reported to the broker.
@@ -88,7 +91,7 @@ func New(cfg Config, backend gpu.Backend, log *slog.Logger) (*Agent, error) {
 	}
 	return &Agent{
 		cfg: cfg, backend: backend, inv: inv, mps: inv.MPS,
-		http:      brokerHTTP(),
+		http:      brokerHTTP(cfg.Peers),
 		log:       log.With("node", cfg.Name),
 		now:       time.Now,
 		runs:      map[agentapi.JobRef]*run{},

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// hostile is a job name and command that would clear the screen and
+// write the clipboard (OSC 52) if printed raw.
+const hostile = "\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07"
+
+// TestFinding5TerminalEscapes: job and spec strings reach the terminal
+// escaped through status, explain, jobs and queue, and raw only with --raw.
+func TestFinding5TerminalEscapes(t *testing.T) {
+	srv, url := cliBroker(t)
+	spec := writeSpec(t, "name: evil\nresources: {gpus: 1}\ncommand: [\"echo\", \"\\e]52;c;cm0gLXJmIH4=\\a\"]\nenv: {X: \"\\e[31m\"}\n")
+	out, errOut, code := runCLI(t, url, cliUser, "submit", "-f", spec)
+	if code != 0 {
+		t.Fatalf("submit: %d %q %q", code, out, errOut)
+	}
+	if strings.ContainsAny(out+errOut, "\x1b\x07") {
+		t.Fatalf("submit printed raw escapes: %q %q", out, errOut)
+	}
+	job := ""
+	for _, f := range strings.Fields(out + " " + errOut) {
+		if f = strings.TrimSuffix(f, ";"); len(f) == 26 {
+			job = f
+		}
+	}
+	if job == "" {
+		t.Fatalf("no job id in %q %q", out, errOut)
+	}
+	if err := srv.Cycle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"status", job}, {"explain", job}, {"jobs"}, {"queue"}, {"nodes"}, {"-o", "json", "status", job},
+	} {
+		out, errOut, code := runCLI(t, url, cliUser, args...)
+		if code != 0 {
+			t.Fatalf("%v: %d %q", args, code, errOut)
+		}
+		if strings.ContainsAny(out+errOut, "\x1b\x07") {
+			t.Fatalf("%v printed raw escapes:\n%q", args, out+errOut)
+		}
+	}
+	out, _, _ = runCLI(t, url, cliUser, "status", job)
+	if !strings.Contains(out, `\x1b]52;c;`) {
+		t.Fatalf("status does not show the command's escape as text: %q", out)
+	}
+	out, _, _ = runCLI(t, url, cliUser, "--raw", "status", job)
+	if !strings.Contains(out, "\x1b]52;c;") {
+		t.Fatalf("--raw status does not show the command as is: %q", out)
+	}
+	// An error message quoting a tenant's string is escaped too.
+	_, errOut, _ = runCLI(t, url, cliUser, "status", hostile)
+	if strings.ContainsAny(errOut, "\x1b\x07") {
+		t.Fatalf("error printed raw escapes: %q", errOut)
+	}
+}
+
+func TestEscapeWriterSplitRunes(t *testing.T) {
+	var b strings.Builder
+	w := newEscapeWriter(&b)
+	in := "héllo\x1b[0m\u009b\u202eok\n\xff"
+	for i := 0; i < len(in); i++ {
+		w.Write([]byte{in[i]})
+	}
+	w.Flush()
+	if got, want := b.String(), `héllo\x1b[0m\u009b\u202eok`+"\n"+`\xff`; got != want {
+		t.Fatalf("escaped %q, want %q", got, want)
+	}
+}
+
+// TestFinding8CancelNoPanic: `spillway cancel` reports an answer that is
+// not a job instead of panicking.
+func TestFinding8CancelNoPanic(t *testing.T) {
+	odd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/cancel") && strings.Contains(r.URL.Path, "J2") {
+			w.Write([]byte(`{"id":"J2","state":"running"}`))
+			return
+		}
+		w.Write([]byte(`{}`))
+	}))
+	defer odd.Close()
+	t.Setenv("SPILLWAY_CONFIG", t.TempDir()+"/none")
+	out, errOut, code := runCLI(t, odd.URL, cliUser, "cancel", "J1", "J2")
+	if code != 1 || !strings.Contains(errOut, "names no job") || !strings.Contains(out, "J2 stopping") {
+		t.Fatalf("cancel: %d %q %q", code, out, errOut)
+	}
+}
