@@ -117,6 +117,8 @@ const (
 	RoleOperator = "operator"
 	RoleFinance  = "finance"
 	RoleAgent    = "agent"
+	// RoleMetrics may read /metrics only (Prometheus's scrape token).
+	RoleMetrics = "metrics"
 )
 
 // Token is one API credential. Exactly one of Token (the secret itself) or
@@ -247,6 +249,9 @@ type AgentPolicy struct {
 	LostAfter int `json:"lostAfter,omitempty"`
 	// LogLimit caps the log bytes the broker keeps per job attempt.
 	LogLimit broker.Quantity `json:"logLimit,omitempty"`
+	// MaxCardsPerNode is the most GPUs one node may report (16 unless
+	// set); a registration claiming more is refused.
+	MaxCardsPerNode int `json:"maxCardsPerNode,omitempty"`
 }
 
 // LostTimeout is how long a node may stay silent before it is lost.
@@ -277,6 +282,7 @@ func Default() Config {
 			HeartbeatInterval: broker.Duration(2 * time.Second),
 			LostAfter:         3,
 			LogLimit:          broker.Quantity(16 << 20),
+			MaxCardsPerNode:   16,
 		},
 		HA: HA{
 			LeaseTTL:   broker.Duration(10 * time.Second),
@@ -358,6 +364,7 @@ func (c *Config) applyDefaults() {
 	c.Agents.HeartbeatInterval = cmp.Or(c.Agents.HeartbeatInterval, d.Agents.HeartbeatInterval)
 	c.Agents.LostAfter = cmp.Or(c.Agents.LostAfter, d.Agents.LostAfter)
 	c.Agents.LogLimit = cmp.Or(c.Agents.LogLimit, d.Agents.LogLimit)
+	c.Agents.MaxCardsPerNode = cmp.Or(c.Agents.MaxCardsPerNode, d.Agents.MaxCardsPerNode)
 	c.HA.LeaseTTL = cmp.Or(c.HA.LeaseTTL, d.HA.LeaseTTL)
 	c.HA.RenewInterval = cmp.Or(c.HA.RenewInterval, c.HA.LeaseTTL/3)
 	c.HA.AgentGrace = cmp.Or(c.HA.AgentGrace, d.HA.AgentGrace)
@@ -444,9 +451,9 @@ func (c *Config) Validate() error {
 			if !nameRe.MatchString(t.Team) {
 				add(f+".team", broker.CodeRequired, "is required for role user (the team the token acts for)")
 			}
-		case RoleOperator, RoleFinance, RoleAgent:
+		case RoleOperator, RoleFinance, RoleAgent, RoleMetrics:
 		default:
-			add(f+".role", broker.CodeInvalid, "must be user, operator, finance or agent, got %q", t.Role)
+			add(f+".role", broker.CodeInvalid, "must be user, operator, finance, agent or metrics, got %q", t.Role)
 		}
 		switch {
 		case t.Token != "" && t.TokenSHA256 != "":
@@ -512,6 +519,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Agents.LogLimit < 1<<10 {
 		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
+	}
+	if c.Agents.MaxCardsPerNode < 1 || c.Agents.MaxCardsPerNode > 256 {
+		add("agents.maxCardsPerNode", broker.CodeOutOfRange, "must be between 1 and 256")
 	}
 	if !nameRe.MatchString(c.HA.BrokerID) {
 		add("ha.brokerID", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")

@@ -36,6 +36,9 @@ func decodeBody(c echo.Context, limit int64, v any) error {
 	if int64(len(raw)) > limit {
 		return errBadRequest("", broker.CodeTooLarge, "body is larger than %d bytes", limit)
 	}
+	if err := broker.CheckJSON(raw); err != nil {
+		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
+	}
 	if err := json.Unmarshal(raw, v); err != nil {
 		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
 	}
@@ -52,6 +55,10 @@ func (s *Server) register(c echo.Context) error {
 	}
 	if !nodeNameRe.MatchString(req.Node) {
 		return errBadRequest("node", broker.CodeInvalid, "node name must be 1-63 letters, digits, '.', '_' or '-'")
+	}
+	if n, max := len(req.Inventory.Devices), s.cfg.Agents.MaxCardsPerNode; n > max {
+		return errBadRequest("inventory.devices", broker.CodeOutOfRange,
+			"a node may report at most %d GPUs (agents.maxCardsPerNode), this one reports %d", max, n)
 	}
 	p := principal(c)
 	if p.Node != "" && p.Node != req.Node {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -42,6 +43,10 @@ func (s *Server) submit(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	idemKey := c.Request().Header.Get(HeaderIdempotencyKey)
+	if err := checkIdemKey(idemKey); err != nil {
+		return err
+	}
 	callerTeam := ""
 	if p.Role == config.RoleUser {
 		callerTeam = p.Team
@@ -62,8 +67,31 @@ func (s *Server) submit(c echo.Context) error {
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
 	ctx := c.Request().Context()
-	if err := s.store.Batch(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, j) }); err != nil {
+	var prior *broker.Job
+	if err := s.store.Batch(ctx, func(tx broker.Tx) error {
+		prior = nil
+		if idemKey != "" {
+			var err error
+			if prior, err = priorSubmit(tx, p.Name, idemKey, raw); err != nil || prior != nil {
+				return err
+			}
+			if err := putIdem(tx, p.Name, idemKey, raw, j.ID); err != nil {
+				return err
+			}
+		}
+		return broker.PutJob(tx, j)
+	}); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return err
+		}
 		return fmt.Errorf("store job: %w", err)
+	}
+	if prior != nil {
+		// The same submit again: the job it made, as it is now.
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+		s.overlayReason(prior)
+		return c.JSON(http.StatusCreated, prior)
 	}
 	s.mu.Lock()
 	s.jobs[j.ID] = j

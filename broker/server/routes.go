@@ -1,6 +1,7 @@
 package server
 
 import (
+	"net/http"
 	"strconv"
 	"time"
 
@@ -18,13 +19,16 @@ import (
 func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = errorHandler(s.log)
+	e.HTTPErrorHandler = errorHandler(s.log, s.noteStoreFailure)
 	e.Use(middleware.Recover())
 	e.Use(s.observe)
 	e.Use(s.leaderGate)
 
 	e.GET("/healthz", s.healthz)
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	// Metrics name teams and jobs: operators' tokens and metrics-role
+	// tokens (Prometheus's) read them.
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
+		s.authenticate, allow(config.RoleOperator, config.RoleMetrics))
 
 	v1 := e.Group("/v1", s.authenticate)
 	v1.GET("/whoami", s.whoami)
@@ -93,5 +97,10 @@ type Health struct {
 
 func (s *Server) healthz(c echo.Context) error {
 	h, status := s.health(c.Request().Context())
+	if status == http.StatusOK {
+		if msg := s.recentStoreFailure(); msg != "" {
+			h.Status, h.Error, status = "unhealthy", msg, http.StatusServiceUnavailable
+		}
+	}
 	return c.JSON(status, h)
 }

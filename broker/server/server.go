@@ -97,6 +97,8 @@ type Server struct {
 	scheduling scheduling
 	// observability is the observability bookkeeping (delivery.go).
 	observability observeState
+	// storeHealth is the last store failure (storehealth.go).
+	storeHealth storeHealth
 }
 
 // New builds a broker over an open store and loads its state.

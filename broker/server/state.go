@@ -72,8 +72,12 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		return nil
 	})
 	if err != nil {
+		if broker.IsStoreFailure(err) {
+			s.noteStoreFailure(err)
+		}
 		return fmt.Errorf("commit: %w", err)
 	}
+	s.noteStoreSuccess()
 	for _, j := range jobs {
 		old := s.jobs[j.ID]
 		if old != nil {
