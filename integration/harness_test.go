@@ -153,6 +153,7 @@ func newCluster(t *testing.T, extraConfig string) *cluster {
 	c.config = filepath.Join(c.dir, "broker.yaml")
 	cfg := fmt.Sprintf(`listen: %s
 dataDir: data
+tls: {insecure: true}
 scheduler: {interval: 200ms}
 agents: {heartbeatInterval: 500ms, lostAfter: 4}
 auth:

@@ -9,6 +9,28 @@ import (
 	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
+// TrustCAFile makes the client trust exactly the CAs in the PEM bundle at
+// path for the broker's certificate (instead of the system's roots).
+func (c *Client) TrustCAFile(path string) error {
+	ca, err := wire.ReadCA(path)
+	if err != nil {
+		return err
+	}
+	return c.TrustCA(ca)
+}
+
+// TrustCA is TrustCAFile with the bundle's bytes.
+func (c *Client) TrustCA(caPEM []byte) error {
+	tc, err := wire.ClientTLS(caPEM)
+	if err != nil {
+		return err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	c.HTTP.Transport = tr
+	return nil
+}
+
 // TrustPeers names the cluster's other brokers: a standby answers writes
 // with 307 to the leader's own URL, and the token follows such a redirect
 // only to the client's own host or to one of these (wire.RedirectPolicy).

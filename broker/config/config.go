@@ -65,6 +65,12 @@ type Config struct {
 
 	// Reports shapes the utilisation and delivery reports (reports.go).
 	Reports Reports `json:"reports,omitempty"`
+
+	// TLS, Limits and OIDC are the broker's security settings
+	// (security.go, docs/security.md).
+	TLS    TLS    `json:"tls,omitempty"`
+	Limits Limits `json:"limits,omitempty"`
+	OIDC   OIDC   `json:"oidc,omitempty"`
 }
 
 // HA configures the leader lease that brokers sharing a Redis store hold
@@ -349,7 +355,12 @@ func (c *Config) applyDefaults() {
 		q.DefaultTimeout = cmp.Or(q.DefaultTimeout, broker.Duration(4*time.Hour))
 		q.MaxTimeout = cmp.Or(q.MaxTimeout, broker.Duration(7*24*time.Hour))
 	}
-	c.AdvertiseURL = cmp.Or(c.AdvertiseURL, "http://"+c.Listen)
+	scheme := "http://"
+	if c.TLS.Enabled() {
+		scheme = "https://"
+	}
+	c.AdvertiseURL = cmp.Or(c.AdvertiseURL, scheme+c.Listen)
+	c.applySecurityDefaults()
 	c.Scheduler.Interval = cmp.Or(c.Scheduler.Interval, d.Scheduler.Interval)
 	c.Scheduler.DefaultMaxGPUs = cmp.Or(c.Scheduler.DefaultMaxGPUs, d.Scheduler.DefaultMaxGPUs)
 	c.Scheduler.MaxNodes = cmp.Or(c.Scheduler.MaxNodes, d.Scheduler.MaxNodes)
@@ -380,10 +391,10 @@ func (c *Config) applyDefaults() {
 		c.HA.BrokerID = clipName(host + "-" + port)
 	}
 	if c.HA.PeerURL == "" {
-		c.HA.PeerURL = "http://" + c.Listen
+		c.HA.PeerURL = scheme + c.Listen
 		if h, port, err := net.SplitHostPort(c.Listen); err == nil && (h == "" || h == "0.0.0.0" || h == "::") {
 			if host, err := os.Hostname(); err == nil {
-				c.HA.PeerURL = "http://" + net.JoinHostPort(host, port)
+				c.HA.PeerURL = scheme + net.JoinHostPort(host, port)
 			}
 		}
 	}
@@ -411,6 +422,7 @@ func (c *Config) Validate() error {
 	if c.Listen == "" {
 		add("listen", broker.CodeRequired, "is required, e.g. 127.0.0.1:8080")
 	}
+	c.validateSecurity(add)
 	if c.DataDir == "" {
 		add("dataDir", broker.CodeRequired, "is required")
 	}

@@ -23,6 +23,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	e.Use(middleware.Recover())
 	e.Use(s.observe)
 	e.Use(s.leaderGate)
+	e.Use(s.limitBody)
 
 	e.GET("/healthz", s.healthz)
 	// Metrics name teams and jobs: operators' tokens and metrics-role

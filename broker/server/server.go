@@ -7,6 +7,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -99,6 +100,8 @@ type Server struct {
 	observability observeState
 	// storeHealth is the last store failure (storehealth.go).
 	storeHealth storeHealth
+	// certs is the API's TLS certificate (tls.go).
+	certs certHolder
 }
 
 // New builds a broker over an open store and loads its state.
@@ -183,7 +186,18 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Serve runs the API on l and the scheduling loop until ctx ends, then
 // shuts down gracefully.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: 10 * time.Second}
+	lim := s.cfg.Limits
+	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: lim.ReadHeaderTimeout.D(),
+		IdleTimeout: lim.IdleTimeout.D(), ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	if s.cfg.TLS.Enabled() {
+		tc, err := s.serverTLS()
+		if err != nil {
+			return err
+		}
+		l = tls.NewListener(l, tc)
+	} else {
+		s.log.Warn("serving plain HTTP: tokens and job data cross the network unencrypted and agents cannot tell this broker from an impostor; set tls.certFile and tls.keyFile (docs/security.md)")
+	}
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)

@@ -33,7 +33,9 @@ type globals struct {
 	// raw passes job and spec strings to the terminal unescaped.
 	raw bool
 	// peers are the cluster's other broker URLs (SPILLWAY_PEERS).
-	peers  string
+	peers string
+	// ca is the CA bundle the broker's certificate must chain to.
+	ca     string
 	stdout io.Writer
 	stderr io.Writer
 }
@@ -66,6 +68,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&g.token, "token", "", "API token (env SPILLWAY_TOKEN, or token: in ~/.config/spillway/config)")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.BoolVar(&g.raw, "raw", false, "print job names, commands and logs as they are, escape sequences included (default: shown as \\x1b text)")
+	pf.StringVar(&g.ca, "ca", "", "CA bundle (PEM) the broker's certificate must chain to (env SPILLWAY_CA, or ca: in ~/.config/spillway/config; default: the system's roots)")
 	pf.StringVar(&g.peers, "peers", "", "comma-separated URLs of the cluster's other brokers; the token follows a redirect only to these (env SPILLWAY_PEERS)")
 
 	root.AddCommand(
@@ -95,6 +98,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 type cliConfig struct {
 	Server string `json:"server"`
 	Token  string `json:"token"`
+	// CA is the CA bundle file the broker's certificate must chain to.
+	CA string `json:"ca,omitempty"`
 }
 
 func cliConfigPath() string {
@@ -132,6 +137,11 @@ func (g *globals) client() (*client.Client, error) {
 		return nil, fmt.Errorf("no API token: pass --token, set SPILLWAY_TOKEN, or put token: in %s (`make run` prints one)", cliConfigPath())
 	}
 	c := client.New(server, token)
+	if ca := firstNonEmpty(g.ca, os.Getenv("SPILLWAY_CA"), file.CA); ca != "" {
+		if err := c.TrustCAFile(ca); err != nil {
+			return nil, err
+		}
+	}
 	if peers := firstNonEmpty(g.peers, os.Getenv("SPILLWAY_PEERS")); peers != "" {
 		c.TrustPeers(strings.Split(peers, ","))
 	}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"crypto/tls"
 	"net/http"
 
 	"github.com/spillway-dev/spillway/onprem/wire"
@@ -11,6 +12,8 @@ import (
 // leader's own URL. The token follows a redirect only to the broker's own
 // host or to one of peers (the cluster's other brokers), and only 307 and
 // 308 are followed (wire.RedirectPolicy).
-func brokerHTTP(peers []string) *http.Client {
-	return &http.Client{CheckRedirect: wire.RedirectPolicy(peers)}
+func brokerHTTP(peers []string, tc *tls.Config) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	return &http.Client{CheckRedirect: wire.RedirectPolicy(peers), Transport: tr}
 }

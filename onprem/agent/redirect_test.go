@@ -30,7 +30,7 @@ func TestSyncFollowsRedirectToLeader(t *testing.T) {
 	body := `{"node":"n1","generation":3}`
 	req, _ := http.NewRequest(http.MethodPost, standby.URL+"/v1/agent/sync", bytes.NewReader([]byte(body)))
 	req.Header.Set("Authorization", "Bearer agent-token")
-	resp, err := brokerHTTP([]string{leaderURL}).Do(req)
+	resp, err := brokerHTTP([]string{leaderURL}, nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestSyncFollowsRedirectToLeader(t *testing.T) {
 	}
 	req, _ = http.NewRequest(http.MethodPost, standby.URL+"/v1/agent/sync", bytes.NewReader([]byte(body)))
 	req.Header.Set("Authorization", "Bearer agent-token")
-	resp, err = brokerHTTP(nil).Do(req)
+	resp, err = brokerHTTP(nil, nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
