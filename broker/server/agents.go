@@ -64,11 +64,20 @@ func (s *Server) register(c echo.Context) error {
 	if p.Node != "" && p.Node != req.Node {
 		return errForbidden("this agent token belongs to node %s, not %s", p.Node, req.Node)
 	}
+	if p.Credential != "" && len(req.Inventory.Devices) > p.MaxGPUs {
+		return errBadRequest("inventory.devices", broker.CodeOutOfRange,
+			"node %s's credential allows %d GPUs, the agent reports %d", req.Node, p.MaxGPUs, len(req.Inventory.Devices))
+	}
 	ctx := c.Request().Context()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkLeaderLocked(); err != nil {
 		return err
+	}
+	if old, ok := s.nodes[req.Node]; ok && old.Credential != "" && old.Credential != p.Credential && !(p.Credential != "" && s.credRevoked(ctx, old.Credential)) {
+		// An enrolled name is its credential's alone: a shared agent token
+		// (or another node's) cannot take it over and fail its jobs.
+		return errForbidden("node %s is enrolled with its own credential; this token may not register it", req.Node)
 	}
 	now := s.clock.Now()
 	n := &broker.Node{Name: req.Node, Pool: "onprem"}
@@ -88,6 +97,7 @@ func (s *Server) register(c echo.Context) error {
 			n.Pool = r.Provider
 		}
 	}
+	n.Credential = p.Credential
 	n.Inventory = req.Inventory
 	n.CPU, n.Memory = req.CPU, req.Memory
 	n.Unhealthy = req.Unhealthy

@@ -22,6 +22,10 @@ type Principal struct {
 	// Node binds a per-machine agent token to the one node it may speak
 	// for ("" for cluster-wide agent tokens from the config).
 	Node string `json:"node,omitempty"`
+	// Credential is the node credential's id (enrolled nodes), and
+	// MaxGPUs the most cards its node may report.
+	Credential string `json:"credential,omitempty"`
+	MaxGPUs    int    `json:"maxGPUs,omitempty"`
 }
 
 const principalKey = "spillway.principal"
@@ -53,6 +57,14 @@ func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, boo
 		if t.Matches(secret) {
 			return Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
 		}
+	}
+	// An enrolled node's credential: valid until revoked.
+	if strings.HasPrefix(secret, nodeCredPrefix) {
+		nc, ok := s.lookupNodeCred(ctx, secret)
+		if !ok {
+			return Principal{}, false
+		}
+		return Principal{Name: "node " + nc.Node, Role: config.RoleAgent, Node: nc.Node, Credential: nc.ID, MaxGPUs: nc.MaxGPUs}, true
 	}
 	// A burst machine's own token: valid while its record is live.
 	sum := sha256.Sum256([]byte(secret))

@@ -63,6 +63,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.POST(agentapi.PathSync[len("/v1"):], s.sync, agents)
 
 	s.observeRoutes(e, v1)
+	s.enrolRoutes(e, v1)
 
 	e.RouteNotFound("/*", func(c echo.Context) error { return errNotFound })
 	return e

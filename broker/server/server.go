@@ -198,6 +198,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	} else {
 		s.log.Warn("serving plain HTTP: tokens and job data cross the network unencrypted and agents cannot tell this broker from an impostor; set tls.certFile and tls.keyFile (docs/security.md)")
 	}
+	for _, t := range s.cfg.Auth.Tokens {
+		if t.Role == config.RoleAgent {
+			s.log.Warn("a shared agent token is configured: it may register any node name not enrolled yet; enrol nodes with join tokens instead (spillway node token create, docs/security.md)", "token", t.Name)
+		}
+	}
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)

@@ -93,3 +93,34 @@ func TestFinding8CancelNoPanic(t *testing.T) {
 		t.Fatalf("cancel: %d %q %q", code, out, errOut)
 	}
 }
+
+// TestNodeTokenCreateAndRevokeCLI: an operator creates a join token, an
+// agent body enrols with it, and `spillway node revoke` ends it.
+func TestNodeTokenCreateAndRevokeCLI(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliAdmin, "node", "token", "create", "--expires", "1h", "--max-gpus", "2")
+	tok := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(tok, "spjoin.") || !strings.Contains(errOut, "single use") {
+		t.Fatalf("create: %d %q %q", code, out, errOut)
+	}
+	body := `{"joinToken": "` + tok + `", "node": "gpu-a"}`
+	resp, err := http.Post(url+"/v1/agent/enrol", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("enrol: %d", resp.StatusCode)
+	}
+	out, _, code = runCLI(t, url, cliAdmin, "node", "token", "list")
+	if code != 0 || !strings.Contains(out, "gpu-a at") {
+		t.Fatalf("list: %d %q", code, out)
+	}
+	out, errOut, code = runCLI(t, url, cliAdmin, "node", "revoke", "gpu-a")
+	if code != 0 || !strings.Contains(out, "1 credential(s) revoked") {
+		t.Fatalf("revoke: %d %q %q", code, out, errOut)
+	}
+	if _, _, code = runCLI(t, url, cliUser, "node", "token", "create"); code == 0 {
+		t.Fatal("a user created a join token")
+	}
+}

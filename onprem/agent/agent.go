@@ -225,6 +225,11 @@ func (ag *Agent) post(ctx context.Context, path string, in, out any) error {
 }
 
 func (ag *Agent) register(ctx context.Context) error {
+	if ag.cfg.JoinToken != "" {
+		if err := ag.enrol(ctx); err != nil {
+			return err
+		}
+	}
 	req := agentapi.RegisterRequest{
 		Node: ag.cfg.Name, Labels: ag.cfg.Labels, Inventory: ag.inv,
 		CPU: float64(runtime.NumCPU()), Memory: memTotal(), AgentVersion: ag.cfg.Version,

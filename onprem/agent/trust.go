@@ -1,13 +1,20 @@
 package agent
 
 import (
+	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
+	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
@@ -85,4 +92,63 @@ func saveCredential(dir string, c savedCredential) error {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(dir, credentialFile))
+}
+
+// enrol exchanges the join token for the node's own credential, saves it
+// (DataDir/node-credential.json) and pins the broker's CA it names
+// (DataDir/broker-ca.pem): later starts need neither the join token nor
+// the system's roots. The join token is single-use: a second try fails.
+func (ag *Agent) enrol(ctx context.Context) error {
+	body, err := json.Marshal(agentapi.EnrolRequest{JoinToken: ag.cfg.JoinToken, Node: ag.cfg.Name})
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, strings.TrimRight(ag.cfg.Broker, "/")+agentapi.PathEnrol, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := ag.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("enrol: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var eb agentapi.ErrorBody
+		if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
+			return fmt.Errorf("enrol: broker answered %d: %s", resp.StatusCode, eb.Error.Message)
+		}
+		return fmt.Errorf("enrol: broker answered %d", resp.StatusCode)
+	}
+	var er agentapi.EnrolResponse
+	if err := json.Unmarshal(raw, &er); err != nil {
+		return fmt.Errorf("enrol: %w", err)
+	}
+	if er.Node != ag.cfg.Name || !strings.HasPrefix(er.Credential, "spnode.") {
+		return fmt.Errorf("enrol: the broker answered for node %q", er.Node)
+	}
+	if err := saveCredential(ag.cfg.DataDir, savedCredential{Broker: ag.cfg.Broker, Node: er.Node, Token: er.Credential}); err != nil {
+		return fmt.Errorf("save node credential: %w", err)
+	}
+	if er.CA != "" {
+		tc, err := wire.ClientTLS([]byte(er.CA))
+		if err != nil {
+			return fmt.Errorf("enrol: the broker's CA: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(ag.cfg.DataDir, pinnedCAFile), []byte(er.CA), 0o644); err != nil {
+			return fmt.Errorf("pin broker CA: %w", err)
+		}
+		if ag.cfg.CA == "" && ag.cfg.CAFile == "" {
+			ag.http = brokerHTTP(ag.cfg.Peers, tc)
+		}
+	}
+	ag.cfg.Token, ag.cfg.JoinToken = er.Credential, ""
+	ag.log.Info("enrolled with the broker: this node has its own credential now", "node", er.Node)
+	return nil
 }

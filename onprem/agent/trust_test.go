@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/gpu/sim"
 	"github.com/spillway-dev/spillway/onprem/wire"
 )
@@ -104,5 +106,64 @@ func TestAgentTrustsConfiguredCA(t *testing.T) {
 	}
 	if got.Load() != "Bearer agent-secret-0123456789" {
 		t.Fatalf("broker saw %v", got.Load())
+	}
+}
+
+// TestEnrolSavesCredentialAndPinsCA: the agent exchanges its join token
+// once, then registers with the node credential; a later start needs
+// neither the join token nor a CA flag (the CA is pinned).
+func TestEnrolSavesCredentialAndPinsCA(t *testing.T) {
+	var caPEM []byte
+	var enrols atomic.Int32
+	var lastAuth atomic.Value
+	srv, ca := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case agentapi.PathEnrol:
+			enrols.Add(1)
+			if r.Header.Get("Authorization") != "" {
+				t.Errorf("enrol carried a bearer token")
+			}
+			var req agentapi.EnrolRequest
+			json.NewDecoder(r.Body).Decode(&req)
+			if req.JoinToken != "spjoin.1.secret" || enrols.Load() > 1 {
+				w.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+			json.NewEncoder(w).Encode(agentapi.EnrolResponse{Node: req.Node, Credential: "spnode.1.cred", CA: string(caPEM)})
+		default:
+			lastAuth.Store(r.Header.Get("Authorization"))
+			io.WriteString(w, `{"generation": 1}`)
+		}
+	}))
+	caPEM = ca
+	dir := t.TempDir()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(caFile, ca, 0o600)
+	be, _ := sim.New("1xH100-80GB", "n1", sim.Options{})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ag, err := New(Config{Broker: srv.URL, JoinToken: "spjoin.1.secret", Name: "n1", DataDir: dir, CAFile: caFile}, be, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ag.register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if lastAuth.Load() != "Bearer spnode.1.cred" {
+		t.Fatalf("registered with %v", lastAuth.Load())
+	}
+	// Restart: no join token, no CA flag.
+	ag2, err := New(Config{Broker: srv.URL, Name: "n1", DataDir: dir}, be, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ag2.register(context.Background()); err != nil {
+		t.Fatalf("second start: %v", err)
+	}
+	if enrols.Load() != 1 || lastAuth.Load() != "Bearer spnode.1.cred" {
+		t.Fatalf("enrols %d, auth %v", enrols.Load(), lastAuth.Load())
+	}
+	// Another name on the same data dir is refused.
+	if _, err := New(Config{Broker: srv.URL, Name: "n2", DataDir: dir}, be, log); err == nil || !strings.Contains(err.Error(), "belongs to node n1") {
+		t.Fatalf("credential of n1 used for n2: %v", err)
 	}
 }
