@@ -331,7 +331,6 @@ func (s *Server) enrolRoutes(e *echo.Echo, v1 *echo.Group) {
 	e.POST(agentapi.PathEnrol, s.enrol)
 }
 
-
 // credRevoked reports whether credential id is revoked (or gone).
 func (s *Server) credRevoked(ctx context.Context, id string) bool {
 	revoked := true
