@@ -41,6 +41,9 @@ func PutJob(tx Tx, j *Job) error {
 	if err := putJSON(tx, BucketJobs, j.ID, j); err != nil {
 		return err
 	}
+	if err := tx.Put(BucketTeamJobs, teamJobKey(j.Spec.Team, j.ID), nil); err != nil {
+		return err
+	}
 	if j.State.Terminal() {
 		return tx.Delete(BucketActive, j.ID)
 	}
@@ -124,7 +127,21 @@ func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
 		return nil
 	}
 	var err error
-	if f.onlyActive() {
+	if f.Team != "" {
+		// One team's jobs: its index, not every job (finding 6).
+		prefix := f.Team + "/"
+		to := PrefixEnd(prefix)
+		if f.Cursor != "" {
+			to = prefix + f.Cursor
+		}
+		err = tx.ScanReverse(BucketTeamJobs, prefix, to, func(key string, _ []byte) error {
+			j, err := GetJob(tx, key[len(prefix):])
+			if err != nil {
+				return err
+			}
+			return visit(j)
+		})
+	} else if f.onlyActive() {
 		err = tx.ScanReverse(BucketActive, "", f.Cursor, func(id string, _ []byte) error {
 			j, err := GetJob(tx, id)
 			if err != nil {

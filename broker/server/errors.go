@@ -19,6 +19,8 @@ type apiError struct {
 	Message string
 	Field   string
 	Details []broker.FieldError
+	// RetryAfter, when set, is sent as Retry-After (seconds).
+	RetryAfter int
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -67,6 +69,9 @@ func errorHandler(log *slog.Logger, noteStoreFailure func(error)) echo.HTTPError
 		switch {
 		case errors.As(err, &ae):
 			status = ae.Status
+			if ae.RetryAfter > 0 {
+				c.Response().Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
+			}
 			body.Error.Code, body.Error.Message, body.Error.Field, body.Error.Details = ae.Code, ae.Message, ae.Field, ae.Details
 		case isValidation:
 			status = http.StatusBadRequest

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -72,4 +73,16 @@ func putIdem(tx broker.Tx, caller, key string, raw []byte, job string) error {
 		return err
 	}
 	return tx.Put(BucketIdempotency, idemStoreKey(caller, key), v)
+}
+
+// seenIdemKey reports whether caller used key before (so a resend is not
+// rate-limited as a new submit).
+func (s *Server) seenIdemKey(ctx context.Context, caller, key string) bool {
+	seen := false
+	_ = s.store.View(ctx, func(tx broker.Tx) error {
+		_, err := tx.Get(BucketIdempotency, idemStoreKey(caller, key))
+		seen = err == nil
+		return nil
+	})
+	return seen
 }

@@ -63,6 +63,12 @@ func (s *Server) submit(c echo.Context) error {
 	if err := spec.Validate(lim); err != nil {
 		return err
 	}
+	if idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey) {
+		// A resent submit (same key) is not counted twice.
+		if err := s.admitSubmit(spec.Team); err != nil {
+			return err
+		}
+	}
 	now := s.clock.Now()
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
@@ -94,6 +100,7 @@ func (s *Server) submit(c echo.Context) error {
 		return c.JSON(http.StatusCreated, prior)
 	}
 	s.mu.Lock()
+	s.trackPendingLocked(nil, j)
 	s.jobs[j.ID] = j
 	s.mu.Unlock()
 	s.metrics.submitted.WithLabelValues(j.Spec.Queue).Inc()

@@ -102,6 +102,8 @@ type Server struct {
 	storeHealth storeHealth
 	// certs is the API's TLS certificate (tls.go).
 	certs certHolder
+	// limits are the per-team submit rate and pending cap (limits.go).
+	limits teamLimits
 }
 
 // New builds a broker over an open store and loads its state.
@@ -152,6 +154,9 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 // before its agent had the chance to reconnect.
 func (s *Server) load(ctx context.Context) error {
 	s.started = s.clock.Now()
+	if err := s.store.Update(ctx, broker.EnsureTeamIndex); err != nil {
+		return fmt.Errorf("build the team index: %w", err)
+	}
 	return s.store.View(ctx, func(tx broker.Tx) error {
 		jobs, err := broker.ActiveJobs(tx)
 		if err != nil {
@@ -175,6 +180,7 @@ func (s *Server) load(ctx context.Context) error {
 		for _, n := range nodes {
 			s.nodes[n.Name] = n
 		}
+		s.recountPendingLocked()
 		s.log.Info("state loaded", "active_jobs", len(jobs), "nodes", len(nodes))
 		return nil
 	})

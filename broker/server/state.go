@@ -101,6 +101,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 				s.log.Error("fair-share usage not counted", "job", j.ID, "err", err)
 			}
 		}
+		s.trackPendingLocked(old, j)
 		if j.State.Terminal() {
 			delete(s.jobs, j.ID)
 			delete(s.reasons, j.ID)

@@ -5,8 +5,10 @@ package storetest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +47,7 @@ func Run(t *testing.T, h Harness) {
 		{"buckets are separate", testBuckets},
 		{"jobs keep their active index", testJobs},
 		{"job listing filters and pages", testListJobs},
+		{"team listings read the team index", testTeamIndex},
 		{"logs append once", testLogs},
 		{"nodes round trip", testNodes},
 		{"update sees its own writes in scans", testOwnWritesInScan},
@@ -766,5 +769,55 @@ func testBucketLister(t *testing.T, h Harness) {
 	must(t, err)
 	if d := cmp.Diff([]broker.Bucket{broker.BucketMeta, broker.BucketNodes}, got); d != "" {
 		t.Fatalf("buckets (-want +got):\n%s", d)
+	}
+}
+
+// testTeamIndex: a team's listing pages through that team's jobs only,
+// newest first, and EnsureTeamIndex indexes jobs written before the index
+// existed.
+func testTeamIndex(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := 0; i < 30; i++ {
+			team := "flood"
+			if i%10 == 0 {
+				team = "quiet"
+			}
+			if err := broker.PutJob(tx, job(fmt.Sprintf("01B%03d", i), team, "default", broker.StatePending)); err != nil {
+				return err
+			}
+		}
+		// A job from before the index: only in the jobs bucket.
+		old := job("01A000", "quiet", "default", broker.StateSucceeded)
+		raw, err := json.Marshal(old)
+		if err != nil {
+			return err
+		}
+		return tx.Put(broker.BucketJobs, old.ID, raw)
+	}))
+	list := func(cursor string, limit int) ([]string, string) {
+		var ids []string
+		var next string
+		must(t, s.View(ctx, func(tx broker.Tx) error {
+			js, n, err := broker.ListJobs(tx, broker.JobFilter{Team: "quiet", Limit: limit, Cursor: cursor})
+			for _, j := range js {
+				ids = append(ids, j.ID)
+			}
+			next = n
+			return err
+		}))
+		return ids, next
+	}
+	if ids, _ := list("", 10); !slices.Equal(ids, []string{"01B020", "01B010", "01B000"}) {
+		t.Fatalf("quiet's jobs before the index is built: %v", ids)
+	}
+	must(t, s.Update(ctx, broker.EnsureTeamIndex))
+	must(t, s.Update(ctx, broker.EnsureTeamIndex)) // once is enough; twice is harmless
+	ids, next := list("", 2)
+	if !slices.Equal(ids, []string{"01B020", "01B010"}) || next != "01B010" {
+		t.Fatalf("first page %v next %q", ids, next)
+	}
+	if ids, next = list(next, 2); !slices.Equal(ids, []string{"01B000", "01A000"}) {
+		t.Fatalf("second page %v next %q", ids, next)
 	}
 }
