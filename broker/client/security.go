@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/server"
 )
 
@@ -43,4 +46,49 @@ func (c *Client) RevokeNode(ctx context.Context, name string) ([]string, error) 
 		return nil, err
 	}
 	return out.Revoked, nil
+}
+
+// AuditQuery selects audit records.
+type AuditQuery struct {
+	From, To, By string
+	Limit        int
+	// Format "csv" is the export.
+	Format string
+}
+
+func (q AuditQuery) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"from": q.From, "to": q.To, "by": q.By, "format": q.Format} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	return v
+}
+
+// Audit reads audit records (operators, finance).
+func (c *Client) Audit(ctx context.Context, q AuditQuery) ([]broker.AuditRecord, error) {
+	q.Format = ""
+	var out struct {
+		Audit []broker.AuditRecord `json:"audit"`
+	}
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/audit?"+q.values().Encode(), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Audit, nil
+}
+
+// AuditExport streams the audit log as CSV to w.
+func (c *Client) AuditExport(ctx context.Context, q AuditQuery, w io.Writer) error {
+	q.Format = "csv"
+	resp, err := c.do(ctx, http.MethodGet, "/v1/audit?"+q.values().Encode(), nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
 }

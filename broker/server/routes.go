@@ -24,6 +24,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	e.Use(s.observe)
 	e.Use(s.leaderGate)
 	e.Use(s.limitBody)
+	e.Use(s.auditMutations)
 
 	e.GET("/healthz", s.healthz)
 	// Metrics name teams and jobs: operators' tokens and metrics-role
@@ -52,7 +53,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/burst/plan", s.burstPlan, ops)
 	v1.GET("/budgets", s.listBudgets, allow(config.RoleUser, config.RoleOperator, config.RoleFinance))
 	v1.PUT("/budgets/:scope", s.setBudget, ops)
-	v1.GET("/audit", s.listAudit, allow(config.RoleOperator, config.RoleFinance))
+	v1.GET("/audit", s.listAuditRange, allow(config.RoleOperator, config.RoleFinance))
 
 	billingRoles := allow(config.RoleUser, config.RoleOperator, config.RoleFinance)
 	v1.GET("/billing/usage", s.usage, billingRoles)

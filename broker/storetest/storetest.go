@@ -48,6 +48,7 @@ func Run(t *testing.T, h Harness) {
 		{"jobs keep their active index", testJobs},
 		{"job listing filters and pages", testListJobs},
 		{"team listings read the team index", testTeamIndex},
+		{"the audit log is append-only and ordered", testAudit},
 		{"logs append once", testLogs},
 		{"nodes round trip", testNodes},
 		{"update sees its own writes in scans", testOwnWritesInScan},
@@ -819,5 +820,38 @@ func testTeamIndex(t *testing.T, h Harness) {
 	}
 	if ids, next = list(next, 2); !slices.Equal(ids, []string{"01B000", "01A000"}) {
 		t.Fatalf("second page %v next %q", ids, next)
+	}
+}
+
+// testAudit: audit records come back oldest first within a time range,
+// and an existing record is never overwritten.
+func testAudit(t *testing.T, h Harness) {
+	s, reopen := h.Open(t)
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := 0; i < 5; i++ {
+			r := broker.AuditRecord{At: t0.Add(time.Duration(i) * time.Minute), By: "admin", Action: "POST /v1/jobs/:id/cancel", Target: fmt.Sprint(i), Status: 200}
+			if err := broker.AppendAudit(tx, fmt.Sprintf("id%d", i), r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	err := s.Update(ctx, func(tx broker.Tx) error {
+		return broker.AppendAudit(tx, "id0", broker.AuditRecord{At: t0, By: "mallory", Action: "rewrite"})
+	})
+	if !errors.Is(err, broker.ErrConflict) {
+		t.Fatalf("an audit record was overwritten: %v", err)
+	}
+	s = reopen()
+	var got []string
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		return broker.ScanAudit(tx, t0.Add(time.Minute), t0.Add(4*time.Minute), func(r broker.AuditRecord) error {
+			got = append(got, r.Target+":"+r.By)
+			return nil
+		})
+	}))
+	if !slices.Equal(got, []string{"1:admin", "2:admin", "3:admin"}) {
+		t.Fatalf("audit range: %v", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 )
@@ -122,5 +123,26 @@ func TestNodeTokenCreateAndRevokeCLI(t *testing.T) {
 	}
 	if _, _, code = runCLI(t, url, cliUser, "node", "token", "create"); code == 0 {
 		t.Fatal("a user created a join token")
+	}
+}
+
+// TestAuditCLI: `spillway audit` shows who did what; `audit export` writes CSV.
+func TestAuditCLI(t *testing.T) {
+	_, url := cliBroker(t)
+	runCLI(t, url, cliUser, "submit", "-f", writeSpec(t, "resources: {gpus: 1}\ncommand: [\"true\"]\n"))
+	out, errOut, code := runCLI(t, url, cliAdmin, "audit", "--from", "1h")
+	if code != 0 || !strings.Contains(out, "alice") || !strings.Contains(out, "POST /v1/jobs") || !strings.Contains(out, "201") {
+		t.Fatalf("audit: %d %q %q", code, out, errOut)
+	}
+	file := t.TempDir() + "/audit.csv"
+	if _, errOut, code = runCLI(t, url, cliAdmin, "audit", "export", "-f", file); code != 0 {
+		t.Fatalf("export: %s", errOut)
+	}
+	raw, _ := os.ReadFile(file)
+	if !strings.HasPrefix(string(raw), "at,by,role") || !strings.Contains(string(raw), "alice,user,POST /v1/jobs") {
+		t.Fatalf("export: %q", raw)
+	}
+	if _, _, code = runCLI(t, url, cliUser, "audit"); code == 0 {
+		t.Fatal("a user read the audit log")
 	}
 }
