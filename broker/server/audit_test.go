@@ -77,4 +77,3 @@ func TestAuditMutations(t *testing.T) {
 		t.Fatalf("csv export: %d\n%s", resp.StatusCode, raw)
 	}
 }
-
