@@ -92,3 +92,25 @@ func (c *Client) AuditExport(ctx context.Context, q AuditQuery, w io.Writer) err
 	_, err = io.Copy(w, resp.Body)
 	return err
 }
+
+// LoginConfig reads how to log in with the broker's OIDC provider.
+func (c *Client) LoginConfig(ctx context.Context) (*server.LoginConfig, error) {
+	var out server.LoginConfig
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/login", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Login exchanges the provider's ID token for a broker session.
+func (c *Client) Login(ctx context.Context, idToken string) (*server.LoginAnswer, error) {
+	raw, err := json.Marshal(server.LoginRequest{IDToken: idToken})
+	if err != nil {
+		return nil, err
+	}
+	var out server.LoginAnswer
+	if err := c.getJSON(ctx, http.MethodPost, "/v1/login", bytes.NewReader(raw), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -53,10 +53,14 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, bool) {
-	for _, t := range s.cfg.Auth.Tokens {
+	for _, t := range s.staticTokens {
 		if t.Matches(secret) {
 			return Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
 		}
+	}
+	// A person's login session: valid until it expires.
+	if strings.HasPrefix(secret, sessionPrefix) {
+		return s.lookupSession(ctx, secret)
 	}
 	// An enrolled node's credential: valid until revoked.
 	if strings.HasPrefix(secret, nodeCredPrefix) {
@@ -99,4 +103,19 @@ func allow(roles ...string) echo.MiddlewareFunc {
 // see all, users their own team.
 func canSeeTeam(p Principal, team string) bool {
 	return p.Role == config.RoleOperator || (p.Role == config.RoleUser && p.Team == team)
+}
+
+// hashStaticTokens copies the config's tokens with their secrets replaced
+// by SHA-256 hashes: the running broker keeps no static token in clear
+// (Token.Matches compares hashes in constant time).
+func hashStaticTokens(in []config.Token) []config.Token {
+	out := make([]config.Token, len(in))
+	for i, t := range in {
+		if t.Token != "" {
+			sum := sha256.Sum256([]byte(t.Token))
+			t.TokenSHA256, t.Token = hex.EncodeToString(sum[:]), ""
+		}
+		out[i] = t
+	}
+	return out
 }

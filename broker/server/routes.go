@@ -65,6 +65,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 
 	s.observeRoutes(e, v1)
 	s.enrolRoutes(e, v1)
+	s.oidcRoutes(e)
 
 	e.RouteNotFound("/*", func(c echo.Context) error { return errNotFound })
 	return e

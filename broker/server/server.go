@@ -47,6 +47,9 @@ type Options struct {
 	Providers []providers.Provider
 	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
 	Bootstrap BootstrapFunc
+	// OIDCClient reaches the OIDC provider (tests: one that trusts the
+	// test provider's certificate).
+	OIDCClient *http.Client
 }
 
 // Server is one broker process.
@@ -104,6 +107,12 @@ type Server struct {
 	certs certHolder
 	// limits are the per-team submit rate and pending cap (limits.go).
 	limits teamLimits
+	// oidc is the OIDC provider once discovered; oidcClient, when set,
+	// reaches it (oidc.go).
+	oidc       oidcState
+	oidcClient *http.Client
+	// staticTokens are auth.tokens with their secrets hashed (auth.go).
+	staticTokens []config.Token
 }
 
 // New builds a broker over an open store and loads its state.
@@ -137,6 +146,8 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		schedWake:   make(chan struct{}, 1),
 	}
 	s.metrics = newMetrics(opt.Registry, s)
+	s.oidcClient = opt.OIDCClient
+	s.staticTokens = hashStaticTokens(cfg.Auth.Tokens)
 	if opt.Elector != nil {
 		s.initHA(opt.Elector) // state loads when a lease is won
 	} else if err := s.load(ctx); err != nil {

@@ -1,12 +1,22 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spillway-dev/spillway/broker/bolt"
+	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/oidctest"
+	"github.com/spillway-dev/spillway/broker/server"
 )
 
 // hostile is a job name and command that would clear the screen and
@@ -144,5 +154,64 @@ func TestAuditCLI(t *testing.T) {
 	}
 	if _, _, code = runCLI(t, url, cliUser, "audit"); code == 0 {
 		t.Fatal("a user read the audit log")
+	}
+}
+
+// TestLoginDeviceFlowCLI: `spillway login` runs the device flow against a
+// real (test) OIDC provider, saves the broker session in the CLI config,
+// and later verbs act as the person with the team the rules give.
+func TestLoginDeviceFlowCLI(t *testing.T) {
+	p := oidctest.New("spillway-cli", "")
+	defer p.Close()
+	p.Claims = map[string]any{"sub": "u-7", "email": "dana@example.com", "groups": []string{"ml-nlp"}}
+	dir := t.TempDir()
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`listen: 127.0.0.1:0
+dataDir: %s
+auth:
+  tokens:
+    - {name: admin, role: operator, token: %s}
+oidc:
+  issuer: %s
+  clientID: spillway-cli
+  rules:
+    - {claim: groups, value: ml-nlp, role: user, team: nlp}
+`, dir, cliAdmin, p.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := bolt.Open(filepath.Join(dir, "spillway.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv, err := server.New(context.Background(), cfg, st, server.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	cliCfg := filepath.Join(dir, "cli-config")
+	t.Setenv("SPILLWAY_CONFIG", cliCfg)
+	t.Setenv("SPILLWAY_TOKEN", "")
+	t.Setenv("SPILLWAY_SERVER", "")
+	var out, errb bytes.Buffer
+	if code := execute([]string{"--server", hs.URL, "login"}, &out, &errb); code != 0 {
+		t.Fatalf("login: %d %s %s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "logged in as dana@example.com (user, team nlp)") || !strings.Contains(errb.String(), "WDJB-MJHT") {
+		t.Fatalf("login said %q %q", out.String(), errb.String())
+	}
+	raw, _ := os.ReadFile(cliCfg)
+	if !strings.Contains(string(raw), "token: spsess.") {
+		t.Fatalf("cli config: %q", raw)
+	}
+	out.Reset()
+	errb.Reset()
+	if code := execute([]string{"submit", "-f", writeSpec(t, "resources: {gpus: 1}\ncommand: [\"true\"]\n")}, &out, &errb); code != 0 {
+		t.Fatalf("submit with the session: %d %s", code, errb.String())
+	}
+	out.Reset()
+	if code := execute([]string{"-o", "json", "jobs"}, &out, &errb); code != 0 || !strings.Contains(out.String(), `"user": "dana@example.com"`) {
+		t.Fatalf("jobs with the session: %d %s %s", code, out.String(), errb.String())
 	}
 }
