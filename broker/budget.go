@@ -69,6 +69,13 @@ type AuditRecord struct {
 	Target string    `json:"target"`
 	Old    string    `json:"old"`
 	New    string    `json:"new"`
+	// The call that made the change (the audit middleware's records):
+	// the caller's role, the request, its answer and where it came from.
+	Role   string `json:"role,omitempty"`
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Status int    `json:"status,omitempty"`
+	Remote string `json:"remote,omitempty"`
 }
 
 func budgetKey(scope string) string                  { return "limit/" + scope }

@@ -46,14 +46,9 @@ func parseDocument(doc []byte) (any, error) {
 	if t := bytes.TrimSpace(doc); len(t) > 0 && t[0] == '{' {
 		// JSON, the API's usual body: read it directly, a good deal faster
 		// than through YAML.
-		dec := json.NewDecoder(bytes.NewReader(t))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
+		v, err := decodeJSONStrict(t)
+		if err != nil {
 			return nil, err
-		}
-		if dec.More() {
-			return nil, errors.New("more than one document")
 		}
 		return v, nil
 	}

@@ -24,6 +24,9 @@ type Node struct {
 	// machines; Instance is then the broker's record id of the machine.
 	Pool     string `json:"pool"`
 	Instance string `json:"instance,omitempty"`
+	// Credential is the id of the node credential the name is bound to
+	// (enrolment): only that credential may register the name again.
+	Credential string `json:"credential,omitempty"`
 
 	Inventory gpu.Inventory `json:"inventory"`
 	CPU       float64       `json:"cpu,omitempty"`

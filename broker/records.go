@@ -41,6 +41,9 @@ func PutJob(tx Tx, j *Job) error {
 	if err := putJSON(tx, BucketJobs, j.ID, j); err != nil {
 		return err
 	}
+	if err := tx.Put(BucketTeamJobs, teamJobKey(j.Spec.Team, j.ID), nil); err != nil {
+		return err
+	}
 	if j.State.Terminal() {
 		return tx.Delete(BucketActive, j.ID)
 	}
@@ -124,7 +127,21 @@ func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
 		return nil
 	}
 	var err error
-	if f.onlyActive() {
+	if f.Team != "" {
+		// One team's jobs: its index, not every job (finding 6).
+		prefix := f.Team + "/"
+		to := PrefixEnd(prefix)
+		if f.Cursor != "" {
+			to = prefix + f.Cursor
+		}
+		err = tx.ScanReverse(BucketTeamJobs, prefix, to, func(key string, _ []byte) error {
+			j, err := GetJob(tx, key[len(prefix):])
+			if err != nil {
+				return err
+			}
+			return visit(j)
+		})
+	} else if f.onlyActive() {
 		err = tx.ScanReverse(BucketActive, "", f.Cursor, func(id string, _ []byte) error {
 			j, err := GetJob(tx, id)
 			if err != nil {
@@ -180,6 +197,22 @@ type LogMeta struct {
 	Size int64 `json:"size"`
 	// Dropped counts bytes the agent sent past the store's cap.
 	Dropped int64 `json:"dropped,omitempty"`
+	// Marked is the length of the truncation marker stored after the
+	// last byte kept (0 until the cap is reached); it counts in Size but
+	// not in the agent's stream.
+	Marked int64 `json:"marked,omitempty"`
+}
+
+// Received is how far into the agent's stream the store has accounted
+// for: bytes kept plus bytes dropped past the cap. The agent resumes
+// sending from here.
+func (m LogMeta) Received() int64 { return m.Size - m.Marked + m.Dropped }
+
+// LogTruncatedMarker is the line stored once where an attempt's log
+// reaches the store's cap; later output is counted, acknowledged and
+// dropped.
+func LogTruncatedMarker(limit int64) string {
+	return fmt.Sprintf("\n--- spillway: log truncated at %d bytes (agents.logLimit); later output dropped ---\n", limit)
 }
 
 func logKey(job string, attempt int) string { return job + "/" + fmt.Sprintf("%06d", attempt) }
@@ -199,33 +232,48 @@ func GetLogMeta(tx Tx, job string, attempt int) (LogMeta, error) {
 }
 
 // AppendLog stores the part of data (which starts at byte offset off of the
-// attempt's log) that the store does not have yet, up to limit bytes in
-// all. Sending the same chunk twice is a no-op. It returns the new size.
+// attempt's stream as the agent sends it) that the store does not have yet,
+// up to limit bytes in all. Sending the same chunk twice is a no-op. Past
+// the cap a marker line is stored once and later bytes are counted as
+// dropped, so the agent's offset always advances: a chunk that starts at
+// Received is never refused. It returns the new meta.
 func AppendLog(tx Tx, job string, attempt int, off int64, data []byte, limit int64) (LogMeta, error) {
 	m, err := GetLogMeta(tx, job, attempt)
 	if err != nil {
 		return m, err
 	}
+	got := m.Received()
 	end := off + int64(len(data))
-	if end <= m.Size {
+	if end <= got {
 		return m, nil // already have it
 	}
-	if off > m.Size {
-		return m, fmt.Errorf("log chunk for %s at %d leaves a gap after %d: %w", job, off, m.Size, ErrConflict)
+	if off > got {
+		return m, fmt.Errorf("log chunk for %s at %d leaves a gap after %d: %w", job, off, got, ErrConflict)
 	}
-	data = data[m.Size-off:]
-	if room := limit - m.Size; int64(len(data)) > room {
-		if room < 0 {
-			room = 0
-		}
+	data = data[got-off:]
+	room := max(limit-m.Size, 0)
+	if m.Marked > 0 {
+		room = 0
+	}
+	var cut bool
+	if int64(len(data)) > room {
 		m.Dropped += int64(len(data)) - room
 		data = data[:room]
+		cut = m.Marked == 0
 	}
 	if len(data) > 0 {
 		if err := tx.Put(BucketLogs, logChunkKey(job, attempt, m.Size), data); err != nil {
 			return m, err
 		}
 		m.Size += int64(len(data))
+	}
+	if cut {
+		marker := []byte(LogTruncatedMarker(limit))
+		if err := tx.Put(BucketLogs, logChunkKey(job, attempt, m.Size), marker); err != nil {
+			return m, err
+		}
+		m.Size += int64(len(marker))
+		m.Marked = int64(len(marker))
 	}
 	return m, putJSON(tx, BucketLogMeta, logKey(job, attempt), m)
 }

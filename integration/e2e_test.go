@@ -152,7 +152,8 @@ func TestDevServesQuickly(t *testing.T) {
 	addr := freePort(t)
 	t0 := time.Now()
 	dev := start(t, "dev", "dev", "--dir", filepath.Join(dir, "dev"), "--listen", addr, "--write-cli-config=false")
-	c := &cluster{t: t, dir: dir, addr: addr, url: "http://" + addr}
+	// The README's tour: dev serves HTTPS from its own CA.
+	c := &cluster{t: t, dir: dir, addr: addr, url: "https://" + addr, ca: filepath.Join(dir, "dev", "tls", "ca.pem")}
 	c.waitHealthy(30 * time.Second)
 	t.Logf("healthy after %s", time.Since(t0))
 	tokenLine := regexp.MustCompile(`SPILLWAY_TOKEN=(\S+)`)

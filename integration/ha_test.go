@@ -93,6 +93,7 @@ func newHAClusterOn(t *testing.T, addr string, n int) *haCluster {
 	for _, hb := range h.brokers {
 		cfg := fmt.Sprintf(`listen: %s
 advertiseURL: %s
+tls: {insecure: true}
 dataDir: data-%s
 store: %s
 ha: {brokerID: %s, leaseTTL: %s, renewInterval: %s, agentGrace: 20s}

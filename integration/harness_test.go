@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -144,6 +146,22 @@ type cluster struct {
 	broker *proc
 	// viewer is the token used to poll nodes and jobs (an operator's).
 	viewer string
+	// ca is the CA file of a broker serving HTTPS ("" for plain HTTP).
+	ca string
+}
+
+// httpClient is a plain HTTP client that trusts the cluster's CA.
+func (c *cluster) httpClient() *http.Client {
+	if c.ca == "" {
+		return http.DefaultClient
+	}
+	raw, err := os.ReadFile(c.ca)
+	if err != nil {
+		return http.DefaultClient // not written yet: the caller retries
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(raw)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 }
 
 func newCluster(t *testing.T, extraConfig string) *cluster {
@@ -153,6 +171,7 @@ func newCluster(t *testing.T, extraConfig string) *cluster {
 	c.config = filepath.Join(c.dir, "broker.yaml")
 	cfg := fmt.Sprintf(`listen: %s
 dataDir: data
+tls: {insecure: true}
 scheduler: {interval: 200ms}
 agents: {heartbeatInterval: 500ms, lostAfter: 4}
 auth:
@@ -179,7 +198,7 @@ func (c *cluster) waitHealthy(within time.Duration) {
 	c.t.Helper()
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(c.url + "/healthz")
+		resp, err := c.httpClient().Get(c.url + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -202,13 +221,21 @@ func (c *cluster) agent(name, gpus string) *proc {
 		"--gpus", gpus, "--data-dir", filepath.Join(c.dir, "agent-"+name))
 }
 
-func (c *cluster) client(token string) *client.Client { return client.New(c.url, token) }
+func (c *cluster) client(token string) *client.Client {
+	cl := client.New(c.url, token)
+	if c.ca != "" {
+		if err := cl.TrustCAFile(c.ca); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	return cl
+}
 
 // cli runs the spillway CLI against the cluster.
 func (c *cluster) cli(token string, args ...string) (stdout, stderr string, code int) {
 	c.t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "SPILLWAY_SERVER="+c.url, "SPILLWAY_TOKEN="+token, "SPILLWAY_CONFIG=/nonexistent")
+	cmd.Env = append(os.Environ(), "SPILLWAY_SERVER="+c.url, "SPILLWAY_TOKEN="+token, "SPILLWAY_CONFIG=/nonexistent", "SPILLWAY_CA="+c.ca)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()

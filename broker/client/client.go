@@ -5,6 +5,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +19,7 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/server"
+	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
 // Client talks to one broker.
@@ -28,7 +31,7 @@ type Client struct {
 
 // New returns a client for the broker at baseURL.
 func New(baseURL, token string) *Client {
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: followRedirects}}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: wire.RedirectPolicy(nil)}}
 }
 
 // APIError is an error answer of the API.
@@ -53,9 +56,16 @@ func IsNotFound(err error) bool {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	return c.doHeader(ctx, method, path, body, contentType, nil)
+}
+
+func (c *Client) doHeader(ctx context.Context, method, path string, body io.Reader, contentType string, hdr http.Header) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, body)
 	if err != nil {
 		return nil, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
@@ -103,10 +113,36 @@ func (c *Client) Submit(ctx context.Context, spec []byte) (*broker.Job, error) {
 	if t := bytes.TrimSpace(spec); len(t) > 0 && t[0] == '{' {
 		ct = "application/json"
 	}
-	if err := c.getJSON(ctx, http.MethodPost, "/v1/jobs", bytes.NewReader(spec), ct, &j); err != nil {
-		return nil, err
+	// One key for every try: a submit whose answer was lost (a timeout,
+	// a broker restart) is sent again and gets the same job back.
+	hdr := http.Header{"Idempotency-Key": {newIdempotencyKey()}}
+	var err error
+	for try := 0; try < submitTries; try++ {
+		var resp *http.Response
+		resp, err = c.doHeader(ctx, http.MethodPost, "/v1/jobs", bytes.NewReader(spec), ct, hdr)
+		if err == nil {
+			defer resp.Body.Close()
+			if err := json.NewDecoder(resp.Body).Decode(&j); err != nil {
+				return nil, fmt.Errorf("decode submit answer: %w", err)
+			}
+			return &j, nil
+		}
+		var ae *APIError
+		if errors.As(err, &ae) || ctx.Err() != nil {
+			return nil, err
+		}
 	}
-	return &j, nil
+	return nil, err
+}
+
+// submitTries is how often Submit sends a spec whose answer did not
+// arrive (the same Idempotency-Key each time).
+const submitTries = 3
+
+func newIdempotencyKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // SubmitSpec sends a Spec value.

@@ -1,28 +1,41 @@
 package client
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
-// followRedirects is the client's redirect policy. A standby broker
-// answers writes with 307 to the leader's own URL (ha.peerURL), and Go keeps the
-// method and body of a 307 but drops Authorization when the redirect goes
-// to another host: the token is put back, since the brokers of one
-// cluster share their tokens.
-func followRedirects(req *http.Request, via []*http.Request) error {
-	if len(via) >= 10 {
-		return errors.New("stopped after 10 redirects")
+// TrustCAFile makes the client trust exactly the CAs in the PEM bundle at
+// path for the broker's certificate (instead of the system's roots).
+func (c *Client) TrustCAFile(path string) error {
+	ca, err := wire.ReadCA(path)
+	if err != nil {
+		return err
 	}
-	if req.Header.Get("Authorization") == "" {
-		if a := via[0].Header.Get("Authorization"); a != "" {
-			req.Header.Set("Authorization", a)
-		}
+	return c.TrustCA(ca)
+}
+
+// TrustCA is TrustCAFile with the bundle's bytes.
+func (c *Client) TrustCA(caPEM []byte) error {
+	tc, err := wire.ClientTLS(caPEM)
+	if err != nil {
+		return err
 	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	c.HTTP.Transport = tr
 	return nil
+}
+
+// TrustPeers names the cluster's other brokers: a standby answers writes
+// with 307 to the leader's own URL, and the token follows such a redirect
+// only to the client's own host or to one of these (wire.RedirectPolicy).
+func (c *Client) TrustPeers(urls []string) {
+	c.HTTP.CheckRedirect = wire.RedirectPolicy(urls)
 }
 
 // retryUnavailable bounds how long a request is sent again while the

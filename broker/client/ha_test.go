@@ -12,7 +12,8 @@ import (
 )
 
 // TestSubmitFollowsRedirectToLeader: a standby's 307 to the leader on
-// another host keeps the method, the body and the bearer token.
+// another host, a named peer, keeps the method, the body and the bearer
+// token.
 func TestSubmitFollowsRedirectToLeader(t *testing.T) {
 	var gotAuth, gotBody, gotMethod string
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -34,7 +35,9 @@ func TestSubmitFollowsRedirectToLeader(t *testing.T) {
 	defer standby.Close()
 
 	spec := `{"resources":{"gpus":1},"command":["true"]}`
-	j, err := New(standby.URL, "tok-0123456789abcdef").Submit(context.Background(), []byte(spec))
+	cl := New(standby.URL, "tok-0123456789abcdef")
+	cl.TrustPeers([]string{leaderURL})
+	j, err := cl.Submit(context.Background(), []byte(spec))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,6 +68,12 @@ type Config struct {
 
 	// Reports shapes the utilisation and delivery reports (reports.go).
 	Reports Reports `json:"reports,omitempty"`
+
+	// TLS, Limits and OIDC are the broker's security settings
+	// (security.go, docs/security.md).
+	TLS    TLS    `json:"tls,omitempty"`
+	Limits Limits `json:"limits,omitempty"`
+	OIDC   OIDC   `json:"oidc,omitempty"`
 }
 
 // HA configures the leader lease that brokers sharing a Redis store hold
@@ -120,6 +126,8 @@ const (
 	RoleOperator = "operator"
 	RoleFinance  = "finance"
 	RoleAgent    = "agent"
+	// RoleMetrics may read /metrics only (Prometheus's scrape token).
+	RoleMetrics = "metrics"
 )
 
 // Token is one API credential. Exactly one of Token (the secret itself) or
@@ -250,6 +258,9 @@ type AgentPolicy struct {
 	LostAfter int `json:"lostAfter,omitempty"`
 	// LogLimit caps the log bytes the broker keeps per job attempt.
 	LogLimit broker.Quantity `json:"logLimit,omitempty"`
+	// MaxCardsPerNode is the most GPUs one node may report (16 unless
+	// set); a registration claiming more is refused.
+	MaxCardsPerNode int `json:"maxCardsPerNode,omitempty"`
 }
 
 // LostTimeout is how long a node may stay silent before it is lost.
@@ -280,6 +291,7 @@ func Default() Config {
 			HeartbeatInterval: broker.Duration(2 * time.Second),
 			LostAfter:         3,
 			LogLimit:          broker.Quantity(16 << 20),
+			MaxCardsPerNode:   16,
 		},
 		HA: HA{
 			LeaseTTL:   broker.Duration(10 * time.Second),
@@ -346,7 +358,12 @@ func (c *Config) applyDefaults() {
 		q.DefaultTimeout = cmp.Or(q.DefaultTimeout, broker.Duration(4*time.Hour))
 		q.MaxTimeout = cmp.Or(q.MaxTimeout, broker.Duration(7*24*time.Hour))
 	}
-	c.AdvertiseURL = cmp.Or(c.AdvertiseURL, "http://"+c.Listen)
+	scheme := "http://"
+	if c.TLS.Enabled() {
+		scheme = "https://"
+	}
+	c.AdvertiseURL = cmp.Or(c.AdvertiseURL, scheme+c.Listen)
+	c.applySecurityDefaults()
 	c.Scheduler.Interval = cmp.Or(c.Scheduler.Interval, d.Scheduler.Interval)
 	c.Scheduler.DefaultMaxGPUs = cmp.Or(c.Scheduler.DefaultMaxGPUs, d.Scheduler.DefaultMaxGPUs)
 	c.Scheduler.MaxNodes = cmp.Or(c.Scheduler.MaxNodes, d.Scheduler.MaxNodes)
@@ -361,6 +378,7 @@ func (c *Config) applyDefaults() {
 	c.Agents.HeartbeatInterval = cmp.Or(c.Agents.HeartbeatInterval, d.Agents.HeartbeatInterval)
 	c.Agents.LostAfter = cmp.Or(c.Agents.LostAfter, d.Agents.LostAfter)
 	c.Agents.LogLimit = cmp.Or(c.Agents.LogLimit, d.Agents.LogLimit)
+	c.Agents.MaxCardsPerNode = cmp.Or(c.Agents.MaxCardsPerNode, d.Agents.MaxCardsPerNode)
 	c.HA.LeaseTTL = cmp.Or(c.HA.LeaseTTL, d.HA.LeaseTTL)
 	c.HA.RenewInterval = cmp.Or(c.HA.RenewInterval, c.HA.LeaseTTL/3)
 	c.HA.AgentGrace = cmp.Or(c.HA.AgentGrace, d.HA.AgentGrace)
@@ -376,10 +394,10 @@ func (c *Config) applyDefaults() {
 		c.HA.BrokerID = clipName(host + "-" + port)
 	}
 	if c.HA.PeerURL == "" {
-		c.HA.PeerURL = "http://" + c.Listen
+		c.HA.PeerURL = scheme + c.Listen
 		if h, port, err := net.SplitHostPort(c.Listen); err == nil && (h == "" || h == "0.0.0.0" || h == "::") {
 			if host, err := os.Hostname(); err == nil {
-				c.HA.PeerURL = "http://" + net.JoinHostPort(host, port)
+				c.HA.PeerURL = scheme + net.JoinHostPort(host, port)
 			}
 		}
 	}
@@ -408,6 +426,7 @@ func (c *Config) Validate() error {
 	if c.Listen == "" {
 		add("listen", broker.CodeRequired, "is required, e.g. 127.0.0.1:8080")
 	}
+	c.validateSecurity(add)
 	if c.DataDir == "" {
 		add("dataDir", broker.CodeRequired, "is required")
 	}
@@ -448,9 +467,9 @@ func (c *Config) Validate() error {
 			if !nameRe.MatchString(t.Team) {
 				add(f+".team", broker.CodeRequired, "is required for role user (the team the token acts for)")
 			}
-		case RoleOperator, RoleFinance, RoleAgent:
+		case RoleOperator, RoleFinance, RoleAgent, RoleMetrics:
 		default:
-			add(f+".role", broker.CodeInvalid, "must be user, operator, finance or agent, got %q", t.Role)
+			add(f+".role", broker.CodeInvalid, "must be user, operator, finance, agent or metrics, got %q", t.Role)
 		}
 		switch {
 		case t.Token != "" && t.TokenSHA256 != "":
@@ -516,6 +535,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Agents.LogLimit < 1<<10 {
 		add("agents.logLimit", broker.CodeOutOfRange, "must be at least 1Ki")
+	}
+	if c.Agents.MaxCardsPerNode < 1 || c.Agents.MaxCardsPerNode > 256 {
+		add("agents.maxCardsPerNode", broker.CodeOutOfRange, "must be between 1 and 256")
 	}
 	if !nameRe.MatchString(c.HA.BrokerID) {
 		add("ha.brokerID", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")

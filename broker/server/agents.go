@@ -37,6 +37,9 @@ func decodeBody(c echo.Context, limit int64, v any) error {
 	if int64(len(raw)) > limit {
 		return errBadRequest("", broker.CodeTooLarge, "body is larger than %d bytes", limit)
 	}
+	if err := broker.CheckJSON(raw); err != nil {
+		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
+	}
 	if err := json.Unmarshal(raw, v); err != nil {
 		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
 	}
@@ -54,15 +57,28 @@ func (s *Server) register(c echo.Context) error {
 	if !nodeNameRe.MatchString(req.Node) {
 		return errBadRequest("node", broker.CodeInvalid, "node name must be 1-63 letters, digits, '.', '_' or '-'")
 	}
+	if n, max := len(req.Inventory.Devices), s.cfg.Agents.MaxCardsPerNode; n > max {
+		return errBadRequest("inventory.devices", broker.CodeOutOfRange,
+			"a node may report at most %d GPUs (agents.maxCardsPerNode), this one reports %d", max, n)
+	}
 	p := principal(c)
 	if p.Node != "" && p.Node != req.Node {
 		return errForbidden("this agent token belongs to node %s, not %s", p.Node, req.Node)
+	}
+	if p.Credential != "" && len(req.Inventory.Devices) > p.MaxGPUs {
+		return errBadRequest("inventory.devices", broker.CodeOutOfRange,
+			"node %s's credential allows %d GPUs, the agent reports %d", req.Node, p.MaxGPUs, len(req.Inventory.Devices))
 	}
 	ctx := c.Request().Context()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkLeaderLocked(); err != nil {
 		return err
+	}
+	if old, ok := s.nodes[req.Node]; ok && old.Credential != "" && old.Credential != p.Credential && !(p.Credential != "" && s.credRevoked(ctx, old.Credential)) {
+		// An enrolled name is its credential's alone: a shared agent token
+		// (or another node's) cannot take it over and fail its jobs.
+		return errForbidden("node %s is enrolled with its own credential; this token may not register it", req.Node)
 	}
 	now := s.clock.Now()
 	n := &broker.Node{Name: req.Node, Pool: "onprem"}
@@ -82,6 +98,7 @@ func (s *Server) register(c echo.Context) error {
 			n.Pool = r.Provider
 		}
 	}
+	n.Credential = p.Credential
 	n.Inventory = req.Inventory
 	n.CPU, n.Memory = req.CPU, req.Memory
 	n.Unhealthy = req.Unhealthy
@@ -289,7 +306,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 			}
 			// Bytes past the cap count as delivered so the agent stops
 			// resending them.
-			resp.LogOffsets[refKey(r.JobRef)] = m.Size + m.Dropped
+			resp.LogOffsets[refKey(r.JobRef)] = m.Received()
 		}
 		return nil
 	}

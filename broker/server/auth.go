@@ -22,6 +22,10 @@ type Principal struct {
 	// Node binds a per-machine agent token to the one node it may speak
 	// for ("" for cluster-wide agent tokens from the config).
 	Node string `json:"node,omitempty"`
+	// Credential is the node credential's id (enrolled nodes), and
+	// MaxGPUs the most cards its node may report.
+	Credential string `json:"credential,omitempty"`
+	MaxGPUs    int    `json:"maxGPUs,omitempty"`
 }
 
 const principalKey = "spillway.principal"
@@ -49,10 +53,22 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, bool) {
-	for _, t := range s.cfg.Auth.Tokens {
+	for _, t := range s.staticTokens {
 		if t.Matches(secret) {
 			return Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
 		}
+	}
+	// A person's login session: valid until it expires.
+	if strings.HasPrefix(secret, sessionPrefix) {
+		return s.lookupSession(ctx, secret)
+	}
+	// An enrolled node's credential: valid until revoked.
+	if strings.HasPrefix(secret, nodeCredPrefix) {
+		nc, ok := s.lookupNodeCred(ctx, secret)
+		if !ok {
+			return Principal{}, false
+		}
+		return Principal{Name: "node " + nc.Node, Role: config.RoleAgent, Node: nc.Node, Credential: nc.ID, MaxGPUs: nc.MaxGPUs}, true
 	}
 	// A burst machine's own token: valid while its record is live.
 	sum := sha256.Sum256([]byte(secret))
@@ -87,4 +103,19 @@ func allow(roles ...string) echo.MiddlewareFunc {
 // see all, users their own team.
 func canSeeTeam(p Principal, team string) bool {
 	return p.Role == config.RoleOperator || (p.Role == config.RoleUser && p.Team == team)
+}
+
+// hashStaticTokens copies the config's tokens with their secrets replaced
+// by SHA-256 hashes: the running broker keeps no static token in clear
+// (Token.Matches compares hashes in constant time).
+func hashStaticTokens(in []config.Token) []config.Token {
+	out := make([]config.Token, len(in))
+	for i, t := range in {
+		if t.Token != "" {
+			sum := sha256.Sum256([]byte(t.Token))
+			t.TokenSHA256, t.Token = hex.EncodeToString(sum[:]), ""
+		}
+		out[i] = t
+	}
+	return out
 }

@@ -928,7 +928,7 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 	if gpus == "sim" {
 		gpus = fmt.Sprintf("sim:%dx%s-%dGB", max(rec.Offer.GPUs, 1), firstNonEmpty(rec.Offer.GPUModel, "H100"), max(rec.Offer.GPUMemoryBytes>>30, 1))
 	}
-	agent := bootstrap.AgentConfig{Broker: s.cfg.AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus,
+	agent := bootstrap.AgentConfig{Broker: s.cfg.AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
 		DataDir: s.cfg.Burst.AgentDataDir,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType}}

@@ -53,6 +53,8 @@ type burstRig struct {
 	bootFail error
 	bootHang bool
 	boots    int
+	// lastCA is the broker CA the last bootstrap handed the machine.
+	lastCA string
 }
 
 func newBurstRig(t *testing.T) *burstRig {
@@ -94,6 +96,7 @@ func (r *burstRig) setBudget(scope, limit string) {
 func (r *burstRig) bootstrap(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider, agent bootstrap.AgentConfig, registered func(context.Context) error) (*bootstrap.Transcript, error) {
 	r.mu.Lock()
 	r.boots++
+	r.lastCA = agent.CA
 	fail, hang := r.bootFail, r.bootHang
 	r.bootFail, r.bootHang = nil, false
 	r.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"regexp"
 	"slices"
@@ -254,6 +255,8 @@ const (
 type observeState struct {
 	mu     sync.Mutex
 	jobKey []byte
+	// unitLabels caps the (team, kind) series of the units counter.
+	unitLabels *labelCap
 }
 
 // jobKey returns the job-token key, creating it on first use.
@@ -366,6 +369,10 @@ func (s *Server) reportUnits(c echo.Context) error {
 		if errors.Is(err, broker.ErrNotFound) {
 			return newError(http.StatusNotFound, "not_found", "job %s not found", clip(c.Param("id")))
 		}
+		if err == nil && j.State.Terminal() {
+			// A job token lives as long as its job.
+			return newError(http.StatusUnauthorized, "unauthorized", "job %s has ended; its job token is no longer valid", j.ID)
+		}
 	} else {
 		j, err = s.loadVisibleJob(c)
 	}
@@ -402,6 +409,10 @@ func (s *Server) reportUnits(c echo.Context) error {
 		if err != nil {
 			return err
 		}
+		if !ans.Duplicate && total > math.MaxInt64-rep.Units {
+			return errBadRequest("units", broker.CodeOutOfRange, "the job's %s total %d cannot grow by %d (it would pass %d)",
+				rep.Kind, total, rep.Units, int64(math.MaxInt64))
+		}
 		if !ans.Duplicate {
 			raw, err := json.Marshal(rep)
 			if err != nil {
@@ -418,13 +429,23 @@ func (s *Server) reportUnits(c echo.Context) error {
 		ans.Total = total
 		return nil
 	})
+	var he *apiError
+	if errors.As(err, &he) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("store units: %w", err)
 	}
 	if ans.Duplicate {
 		return c.JSON(http.StatusOK, ans)
 	}
-	s.metrics.delivery.units.WithLabelValues(rep.Team, rep.Kind).Add(float64(rep.Units))
+	s.observability.mu.Lock()
+	if s.observability.unitLabels == nil {
+		s.observability.unitLabels = newLabelCap(maxLabelSets)
+	}
+	lc := s.observability.unitLabels
+	s.observability.mu.Unlock()
+	s.metrics.delivery.units.WithLabelValues(lc.admit(rep.Team, rep.Kind)...).Add(float64(rep.Units))
 	return c.JSON(http.StatusCreated, ans)
 }
 

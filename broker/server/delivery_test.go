@@ -15,7 +15,9 @@ import (
 // scrape reads /metrics into "name{labels}" → value.
 func (h *harness) scrape() map[string]float64 {
 	h.t.Helper()
-	resp, err := http.Get(h.http.URL + "/metrics")
+	req, _ := http.NewRequest("GET", h.http.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+tokAdmin)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		h.t.Fatal(err)
 	}

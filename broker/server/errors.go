@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/labstack/echo/v4"
 
@@ -18,6 +19,8 @@ type apiError struct {
 	Message string
 	Field   string
 	Details []broker.FieldError
+	// RetryAfter, when set, is sent as Retry-After (seconds).
+	RetryAfter int
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -53,7 +56,7 @@ type errorBody struct {
 // errorHandler renders every error as {"error": {"code", "message",
 // "field"}}; validation errors become 400s naming the first bad field and
 // listing all of them in details.
-func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
+func errorHandler(log *slog.Logger, noteStoreFailure func(error)) echo.HTTPErrorHandler {
 	return func(err error, c echo.Context) {
 		if c.Response().Committed {
 			return
@@ -66,6 +69,9 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		switch {
 		case errors.As(err, &ae):
 			status = ae.Status
+			if ae.RetryAfter > 0 {
+				c.Response().Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
+			}
 			body.Error.Code, body.Error.Message, body.Error.Field, body.Error.Details = ae.Code, ae.Message, ae.Field, ae.Details
 		case isValidation:
 			status = http.StatusBadRequest
@@ -84,6 +90,13 @@ func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		case errors.Is(err, broker.ErrFenced):
 			status = http.StatusServiceUnavailable
 			body.Error.Code, body.Error.Message = "not_leader", err.Error()
+		case broker.IsStoreFailure(err):
+			// The store failed, not the request: say when to try again.
+			log.Error("store failure", "method", c.Request().Method, "path", c.Path(), "err", err)
+			noteStoreFailure(err)
+			status = http.StatusServiceUnavailable
+			c.Response().Header().Set("Retry-After", strconv.Itoa(storeRetryAfter))
+			body.Error.Code, body.Error.Message = "store_unavailable", "the broker's store is failing; nothing was changed, try again shortly"
 		default:
 			log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
 			body.Error.Code, body.Error.Message = "internal", "internal error; the broker log has the details"

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -192,22 +191,6 @@ func (s *Server) setBudget(c echo.Context) error {
 	}
 	s.log.Info("burst budget set", "scope", scope, "limit", limit.String(), "currency", s.currency(), "by", p.Name)
 	return c.JSON(http.StatusOK, b)
-}
-
-func (s *Server) listAudit(c echo.Context) error {
-	var out []broker.AuditRecord
-	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
-		var err error
-		out, err = broker.ListAudit(tx)
-		return err
-	})
-	if err != nil && !errors.Is(err, broker.ErrNotFound) {
-		return err
-	}
-	if out == nil {
-		out = []broker.AuditRecord{}
-	}
-	return c.JSON(http.StatusOK, map[string]any{"audit": out})
 }
 
 // checkBudgetAlertsLocked raises an alert the first time in a month a

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -49,6 +50,10 @@ func (s *Server) submit(c echo.Context) error {
 		}
 		spec.Array = a
 	}
+	idemKey := c.Request().Header.Get(HeaderIdempotencyKey)
+	if err := checkIdemKey(idemKey); err != nil {
+		return err
+	}
 	callerTeam := ""
 	if p.Role == config.RoleUser {
 		callerTeam = p.Team
@@ -68,18 +73,48 @@ func (s *Server) submit(c echo.Context) error {
 	if spec.Array != "" {
 		return s.submitArray(c, p, spec)
 	}
+	if idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey) {
+		// A resent submit (same key) is not counted twice.
+		if err := s.admitSubmit(spec.Team, 1); err != nil {
+			return err
+		}
+	}
 	now := s.clock.Now()
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
 	s.strs.job(j)
 	ctx := c.Request().Context()
 	region := trace.StartRegion(ctx, "broker.submit.store")
-	err = s.store.Batch(ctx, func(tx broker.Tx) error { return broker.PutJob(tx, j) })
+	var prior *broker.Job
+	err = s.store.Batch(ctx, func(tx broker.Tx) error {
+		prior = nil
+		if idemKey != "" {
+			var err error
+			if prior, err = priorSubmit(tx, p.Name, idemKey, raw); err != nil || prior != nil {
+				return err
+			}
+			if err := putIdem(tx, p.Name, idemKey, raw, j.ID); err != nil {
+				return err
+			}
+		}
+		return broker.PutJob(tx, j)
+	})
 	region.End()
 	if err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return err
+		}
 		return fmt.Errorf("store job: %w", err)
 	}
+	if prior != nil {
+		// The same submit again: the job it made, as it is now.
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+		s.overlayReason(prior)
+		return c.JSON(http.StatusCreated, prior)
+	}
 	s.mu.Lock()
+	s.trackPendingLocked(nil, j)
 	s.jobs[j.ID] = j
 	s.mu.Unlock()
 	s.metrics.submitted.WithLabelValues(j.Spec.Queue).Inc()

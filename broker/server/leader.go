@@ -232,6 +232,9 @@ func (s *Server) resetLocked() {
 	s.meter = meterState{reported: map[string]bool{}}
 	s.nodeWake = map[string]chan struct{}{}
 	s.strs.reset()
+	s.limits.mu.Lock()
+	s.limits.pending, s.limits.buckets = nil, nil
+	s.limits.mu.Unlock()
 }
 
 // leadingLocked reports whether this broker leads a term whose lease is

@@ -19,6 +19,8 @@ type metrics struct {
 	burstLead    *prometheus.HistogramVec
 	budgetUsed   *prometheus.GaugeVec
 	budgetAlerts *prometheus.CounterVec
+	// limited counts requests refused by a team limit (limits.go).
+	limited *prometheus.CounterVec
 	// delivery are the delivery series and gauges (delivery.go).
 	delivery *deliveryMetrics
 }
@@ -59,6 +61,10 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 	m.budgetAlerts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spillway_burst_budget_alerts_total", Help: "Budget alerts raised, by scope and level (80, 100).",
 	}, []string{"scope", "level"})
+	m.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spillway_requests_limited_total", Help: "Requests refused with 429 by a team limit, by limit (submit_rate, pending_cap).",
+	}, []string{"limit"})
+	reg.MustRegister(m.limited)
 	reg.MustRegister(m.budgetUsed, m.budgetAlerts, m.burstLead, m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s})

@@ -78,6 +78,7 @@ func exported(t *testing.T) (names []string, types map[string]dto.MetricType) {
 	h.srv.metrics.budgetUsed.WithLabelValues("global").Set(0.5)
 	h.srv.metrics.budgetAlerts.WithLabelValues("global", "80").Inc()
 	h.srv.metrics.exports.WithLabelValues("daily", "ok").Inc()
+	h.srv.metrics.limited.WithLabelValues("submit_rate").Inc()
 
 	ch := make(chan *prometheus.Desc, 1000)
 	reg.Describe(ch)

@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 )
 
@@ -99,17 +100,72 @@ func (s *Server) listNodes(c echo.Context) error {
 	s.mu.Lock()
 	views := s.nodeViewsLocked()
 	s.mu.Unlock()
-	return c.JSON(http.StatusOK, map[string]any{"nodes": views})
+	return c.JSON(http.StatusOK, map[string]any{"nodes": redactNodeViews(views, principal(c))})
 }
 
 func (s *Server) getNode(c echo.Context) error {
 	s.mu.Lock()
 	views := s.nodeViewsLocked()
 	s.mu.Unlock()
+	views = redactNodeViews(views, principal(c))
 	for _, v := range views {
 		if v.Name == c.Param("name") {
 			return c.JSON(http.StatusOK, v)
 		}
 	}
 	return newError(http.StatusNotFound, "not_found", "node %s not found", clip(c.Param("name")))
+}
+
+// HiddenJob stands in a user's node view for a job of another team.
+const HiddenJob = "(another team's job)"
+
+// redactNodeViews hides what a user may not see of other teams: their job
+// ids on the cards and the names of their processes (the team holding a
+// card stays: "who holds that card" is the question the view answers).
+// Operators see everything.
+func redactNodeViews(views []NodeView, p Principal) []NodeView {
+	if p.Role == config.RoleOperator {
+		return views
+	}
+	out := make([]NodeView, len(views))
+	for i, v := range views {
+		v.Cards = slices.Clone(v.Cards)
+		for ci := range v.Cards {
+			cv := &v.Cards[ci]
+			own := map[string]bool{}
+			if len(cv.Jobs) > 0 {
+				jobs := slices.Clone(cv.Jobs)
+				for k := range jobs {
+					if k < len(cv.Teams) && canSeeTeam(p, cv.Teams[k]) {
+						own[jobs[k]] = true
+					} else {
+						jobs[k] = HiddenJob
+					}
+				}
+				cv.Jobs = jobs
+			}
+			var pj map[int]string
+			for pid, job := range cv.ProcessJobs {
+				if own[job] {
+					if pj == nil {
+						pj = map[int]string{}
+					}
+					pj[pid] = job
+				}
+			}
+			if cv.Telemetry != nil {
+				t := *cv.Telemetry
+				t.Processes = slices.Clone(t.Processes)
+				for k := range t.Processes {
+					if !own[cv.ProcessJobs[t.Processes[k].PID]] {
+						t.Processes[k].Name = ""
+					}
+				}
+				cv.Telemetry = &t
+			}
+			cv.ProcessJobs = pj
+		}
+		out[i] = v
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"net/http"
 	"strconv"
 	"time"
 
@@ -18,13 +19,18 @@ import (
 func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = errorHandler(s.log)
+	e.HTTPErrorHandler = errorHandler(s.log, s.noteStoreFailure)
 	e.Use(middleware.Recover())
 	e.Use(s.observe)
 	e.Use(s.leaderGate)
+	e.Use(s.limitBody)
+	e.Use(s.auditMutations)
 
 	e.GET("/healthz", s.healthz)
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	// Metrics name teams and jobs: operators' tokens and metrics-role
+	// tokens (Prometheus's) read them.
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})),
+		s.authenticate, allow(config.RoleOperator, config.RoleMetrics))
 
 	v1 := e.Group("/v1", s.authenticate)
 	v1.GET("/whoami", s.whoami)
@@ -47,7 +53,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/burst/plan", s.burstPlan, ops)
 	v1.GET("/budgets", s.listBudgets, allow(config.RoleUser, config.RoleOperator, config.RoleFinance))
 	v1.PUT("/budgets/:scope", s.setBudget, ops)
-	v1.GET("/audit", s.listAudit, allow(config.RoleOperator, config.RoleFinance))
+	v1.GET("/audit", s.listAuditRange, allow(config.RoleOperator, config.RoleFinance))
 	v1.POST("/slurm/resume", s.slurmResume, ops)
 	v1.POST("/slurm/suspend", s.slurmSuspend, ops)
 
@@ -60,6 +66,8 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.POST(agentapi.PathSync[len("/v1"):], s.sync, agents)
 
 	s.observeRoutes(e, v1)
+	s.enrolRoutes(e, v1)
+	s.oidcRoutes(e)
 
 	e.RouteNotFound("/*", func(c echo.Context) error { return errNotFound })
 	return e
@@ -95,5 +103,10 @@ type Health struct {
 
 func (s *Server) healthz(c echo.Context) error {
 	h, status := s.health(c.Request().Context())
+	if status == http.StatusOK {
+		if msg := s.recentStoreFailure(); msg != "" {
+			h.Status, h.Error, status = "unhealthy", msg, http.StatusServiceUnavailable
+		}
+	}
 	return c.JSON(status, h)
 }

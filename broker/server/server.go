@@ -7,6 +7,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,6 +47,9 @@ type Options struct {
 	Providers []providers.Provider
 	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
 	Bootstrap BootstrapFunc
+	// OIDCClient reaches the OIDC provider (tests: one that trusts the
+	// test provider's certificate).
+	OIDCClient *http.Client
 }
 
 // Server is one broker process.
@@ -101,6 +105,18 @@ type Server struct {
 	observability observeState
 	// strs interns the strings jobs share (intern.go).
 	strs interner
+	// storeHealth is the last store failure (storehealth.go).
+	storeHealth storeHealth
+	// certs is the API's TLS certificate (tls.go).
+	certs certHolder
+	// limits are the per-team submit rate and pending cap (limits.go).
+	limits teamLimits
+	// oidc is the OIDC provider once discovered; oidcClient, when set,
+	// reaches it (oidc.go).
+	oidc       oidcState
+	oidcClient *http.Client
+	// staticTokens are auth.tokens with their secrets hashed (auth.go).
+	staticTokens []config.Token
 }
 
 // New builds a broker over an open store and loads its state.
@@ -134,6 +150,8 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		schedWake:   make(chan struct{}, 1),
 	}
 	s.metrics = newMetrics(opt.Registry, s)
+	s.oidcClient = opt.OIDCClient
+	s.staticTokens = hashStaticTokens(cfg.Auth.Tokens)
 	if opt.Elector != nil {
 		s.initHA(opt.Elector) // state loads when a lease is won
 	} else if err := s.load(ctx); err != nil {
@@ -151,6 +169,9 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 // before its agent had the chance to reconnect.
 func (s *Server) load(ctx context.Context) error {
 	s.started = s.clock.Now()
+	if err := s.store.Update(ctx, broker.EnsureTeamIndex); err != nil {
+		return fmt.Errorf("build the team index: %w", err)
+	}
 	return s.store.View(ctx, func(tx broker.Tx) error {
 		jobs, err := broker.ActiveJobs(tx)
 		if err != nil {
@@ -175,6 +196,7 @@ func (s *Server) load(ctx context.Context) error {
 		for _, n := range nodes {
 			s.nodes[n.Name] = n
 		}
+		s.recountPendingLocked()
 		s.log.Info("state loaded", "active_jobs", len(jobs), "nodes", len(nodes))
 		return nil
 	})
@@ -186,7 +208,23 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Serve runs the API on l and the scheduling loop until ctx ends, then
 // shuts down gracefully.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: 10 * time.Second}
+	lim := s.cfg.Limits
+	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: lim.ReadHeaderTimeout.D(),
+		IdleTimeout: lim.IdleTimeout.D(), ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	if s.cfg.TLS.Enabled() {
+		tc, err := s.serverTLS()
+		if err != nil {
+			return err
+		}
+		l = tls.NewListener(l, tc)
+	} else {
+		s.log.Warn("serving plain HTTP: tokens and job data cross the network unencrypted and agents cannot tell this broker from an impostor; set tls.certFile and tls.keyFile (docs/security.md)")
+	}
+	for _, t := range s.cfg.Auth.Tokens {
+		if t.Role == config.RoleAgent {
+			s.log.Warn("a shared agent token is configured: it may register any node name not enrolled yet; enrol nodes with join tokens instead (spillway node token create, docs/security.md)", "token", t.Name)
+		}
+	}
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)

@@ -27,7 +27,9 @@ func TestAuth(t *testing.T) {
 		{"agent may not list jobs", "GET", "/v1/jobs", tokAgent, http.StatusForbidden},
 		{"user may not sync as agent", "POST", agentapi.PathSync, tokAlice, http.StatusForbidden},
 		{"health needs no token", "GET", "/healthz", "", http.StatusOK},
-		{"metrics need no token", "GET", "/metrics", "", http.StatusOK},
+		{"metrics need a token (finding 8)", "GET", "/metrics", "", http.StatusUnauthorized},
+		{"a user may not read metrics", "GET", "/metrics", tokAlice, http.StatusForbidden},
+		{"an operator reads metrics", "GET", "/metrics", tokAdmin, http.StatusOK},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -74,8 +74,12 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		return nil
 	})
 	if err != nil {
+		if broker.IsStoreFailure(err) {
+			s.noteStoreFailure(err)
+		}
 		return fmt.Errorf("commit: %w", err)
 	}
+	s.noteStoreSuccess()
 	for _, j := range jobs {
 		old := s.jobs[j.ID]
 		if old != nil {
@@ -99,6 +103,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 				s.log.Error("fair-share usage not counted", "job", j.ID, "err", err)
 			}
 		}
+		s.trackPendingLocked(old, j)
 		if j.State.Terminal() {
 			delete(s.jobs, j.ID)
 			delete(s.reasons, j.ID)

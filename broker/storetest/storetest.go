@@ -5,8 +5,10 @@ package storetest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +47,8 @@ func Run(t *testing.T, h Harness) {
 		{"buckets are separate", testBuckets},
 		{"jobs keep their active index", testJobs},
 		{"job listing filters and pages", testListJobs},
+		{"team listings read the team index", testTeamIndex},
+		{"the audit log is append-only and ordered", testAudit},
 		{"logs append once", testLogs},
 		{"nodes round trip", testNodes},
 		{"update sees its own writes in scans", testOwnWritesInScan},
@@ -513,11 +517,15 @@ func testLogs(t *testing.T, h Harness) {
 		t.Fatalf("ranged read = %q", got)
 	}
 	m, err := appendLog(12, "0123456789", 20)
-	if err != nil || m.Size != 20 || m.Dropped != 2 {
+	if err != nil || m.Received() != 22 || m.Dropped != 2 || m.Size != 20+int64(len(broker.LogTruncatedMarker(20))) {
 		t.Fatalf("capped append: %+v %v", m, err)
 	}
-	if got := read(12, 100); got != "01234567" {
+	if got := read(12, 100); got != "01234567"+broker.LogTruncatedMarker(20) {
 		t.Fatalf("tail after cap = %q", got)
+	}
+	// Past the cap every chunk is acknowledged, none refused (finding 3).
+	if m, err := appendLog(22, "more", 20); err != nil || m.Received() != 26 || m.Dropped != 6 {
+		t.Fatalf("append past cap: %+v %v", m, err)
 	}
 }
 
@@ -762,5 +770,88 @@ func testBucketLister(t *testing.T, h Harness) {
 	must(t, err)
 	if d := cmp.Diff([]broker.Bucket{broker.BucketMeta, broker.BucketNodes}, got); d != "" {
 		t.Fatalf("buckets (-want +got):\n%s", d)
+	}
+}
+
+// testTeamIndex: a team's listing pages through that team's jobs only,
+// newest first, and EnsureTeamIndex indexes jobs written before the index
+// existed.
+func testTeamIndex(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := 0; i < 30; i++ {
+			team := "flood"
+			if i%10 == 0 {
+				team = "quiet"
+			}
+			if err := broker.PutJob(tx, job(fmt.Sprintf("01B%03d", i), team, "default", broker.StatePending)); err != nil {
+				return err
+			}
+		}
+		// A job from before the index: only in the jobs bucket.
+		old := job("01A000", "quiet", "default", broker.StateSucceeded)
+		raw, err := json.Marshal(old)
+		if err != nil {
+			return err
+		}
+		return tx.Put(broker.BucketJobs, old.ID, raw)
+	}))
+	list := func(cursor string, limit int) ([]string, string) {
+		var ids []string
+		var next string
+		must(t, s.View(ctx, func(tx broker.Tx) error {
+			js, n, err := broker.ListJobs(tx, broker.JobFilter{Team: "quiet", Limit: limit, Cursor: cursor})
+			for _, j := range js {
+				ids = append(ids, j.ID)
+			}
+			next = n
+			return err
+		}))
+		return ids, next
+	}
+	if ids, _ := list("", 10); !slices.Equal(ids, []string{"01B020", "01B010", "01B000"}) {
+		t.Fatalf("quiet's jobs before the index is built: %v", ids)
+	}
+	must(t, s.Update(ctx, broker.EnsureTeamIndex))
+	must(t, s.Update(ctx, broker.EnsureTeamIndex)) // once is enough; twice is harmless
+	ids, next := list("", 2)
+	if !slices.Equal(ids, []string{"01B020", "01B010"}) || next != "01B010" {
+		t.Fatalf("first page %v next %q", ids, next)
+	}
+	if ids, next = list(next, 2); !slices.Equal(ids, []string{"01B000", "01A000"}) {
+		t.Fatalf("second page %v next %q", ids, next)
+	}
+}
+
+// testAudit: audit records come back oldest first within a time range,
+// and an existing record is never overwritten.
+func testAudit(t *testing.T, h Harness) {
+	s, reopen := h.Open(t)
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := 0; i < 5; i++ {
+			r := broker.AuditRecord{At: t0.Add(time.Duration(i) * time.Minute), By: "admin", Action: "POST /v1/jobs/:id/cancel", Target: fmt.Sprint(i), Status: 200}
+			if err := broker.AppendAudit(tx, fmt.Sprintf("id%d", i), r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	err := s.Update(ctx, func(tx broker.Tx) error {
+		return broker.AppendAudit(tx, "id0", broker.AuditRecord{At: t0, By: "mallory", Action: "rewrite"})
+	})
+	if !errors.Is(err, broker.ErrConflict) {
+		t.Fatalf("an audit record was overwritten: %v", err)
+	}
+	s = reopen()
+	var got []string
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		return broker.ScanAudit(tx, t0.Add(time.Minute), t0.Add(4*time.Minute), func(r broker.AuditRecord) error {
+			got = append(got, r.Target+":"+r.By)
+			return nil
+		})
+	}))
+	if !slices.Equal(got, []string{"1:admin", "2:admin", "3:admin"}) {
+		t.Fatalf("audit range: %v", got)
 	}
 }

@@ -73,6 +73,9 @@ and exits, to check a node by hand.`,
 			if c.Token == "" {
 				c.Token = os.Getenv("SPILLWAY_AGENT_TOKEN")
 			}
+			if c.JoinToken == "" {
+				c.JoinToken = os.Getenv("SPILLWAY_JOIN_TOKEN")
+			}
 			c.Version = server.Version
 			ag, err := agent.New(c, backend, log)
 			if err != nil {
@@ -84,7 +87,9 @@ and exits, to check a node by hand.`,
 	f := cmd.Flags()
 	f.StringVarP(&cfgPath, "config", "c", "", "agent config file (YAML; flags override it)")
 	f.StringVar(&c.Broker, "broker", "", "broker URL, e.g. http://10.0.0.1:8080")
-	f.StringVar(&c.Token, "token", "", "agent token (or env SPILLWAY_AGENT_TOKEN)")
+	f.StringVar(&c.Token, "token", "", "agent token (or env SPILLWAY_AGENT_TOKEN); prefer --join-token")
+	f.StringVar(&c.JoinToken, "join-token", "", "single-use join token from `spillway node token create` (or env SPILLWAY_JOIN_TOKEN)")
+	f.StringVar(&c.CAFile, "ca", "", "CA bundle (PEM) the broker's certificate must chain to (default: the CA pinned at enrolment, else the system's roots)")
 	f.StringVar(&c.Name, "name", "", "node name (default: hostname)")
 	f.StringVar(&c.GPUs, "gpus", "", "GPU backend: auto, nvml, none, sim:8xH100-80GB, mock:dgxh100 (default auto)")
 	f.StringVar(&c.GPUs, "gpu-backend", "", "alias of --gpus")
@@ -108,6 +113,12 @@ func mergeAgentConfig(c *agent.Config, file agent.Config, cmd *cobra.Command) {
 		c.GPUs = file.GPUs
 	}
 	set("data-dir", &c.DataDir, file.DataDir)
+	set("join-token", &c.JoinToken, file.JoinToken)
+	set("ca", &c.CAFile, file.CAFile)
+	c.CA = file.CA
+	if len(file.Peers) > 0 {
+		c.Peers = file.Peers
+	}
 	if len(file.Labels) > 0 {
 		c.Labels = file.Labels
 	}

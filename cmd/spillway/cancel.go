@@ -24,9 +24,15 @@ func cancelCmd(g *globals) *cobra.Command {
 					failed++
 					continue
 				}
-				if j.State.Terminal() {
+				switch {
+				case j.ID == "" || j.State == "":
+					fmt.Fprintf(g.stderr, "%s: the broker's answer names no job; check with `spillway status %s`\n", id, id)
+					failed++
+				case j.State.Terminal():
 					fmt.Fprintf(g.stdout, "%s cancelled\n", j.ID)
-				} else {
+				case j.Stop == nil:
+					fmt.Fprintf(g.stdout, "%s stopping (%s)\n", j.ID, j.State)
+				default:
 					fmt.Fprintf(g.stdout, "%s stopping (%s, then kill after %s)\n", j.ID, j.Stop.Signal, j.Spec.Checkpoint.Grace)
 				}
 			}

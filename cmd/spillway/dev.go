@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,18 +20,23 @@ import (
 	"github.com/spillway-dev/spillway/broker/server"
 	"github.com/spillway-dev/spillway/onprem/agent"
 	"github.com/spillway-dev/spillway/onprem/gpu/backends"
+	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
 func devCmd(g *globals) *cobra.Command {
 	var dir, listen, gpus string
 	var agents int
-	var writeCLI bool
+	var writeCLI, insecure bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run a broker with a simulated on-prem fleet, for trying Spillway out",
 		Long: `Run a broker on the embedded store plus simulated agents in one process.
 Nothing else is needed. The first start writes a config with fresh tokens
-under --dir; later starts reuse it, so jobs and tokens survive restarts.`,
+under --dir; later starts reuse it, so jobs and tokens survive restarts.
+
+The broker serves HTTPS with a certificate from a local CA it makes under
+--dir/tls (ca.pem is what the CLI and agents trust); --insecure serves
+plain HTTP instead.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if agents < 0 || agents > 64 {
@@ -44,6 +51,10 @@ under --dir; later starts reuse it, so jobs and tokens survive restarts.`,
 				return err
 			}
 			log := newLogger(g.stderr, cfg.Log)
+			caFile, err := devTLS(cfg, dir, insecure)
+			if err != nil {
+				return err
+			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 
@@ -64,6 +75,9 @@ under --dir; later starts reuse it, so jobs and tokens survive restarts.`,
 				return brokerErr
 			}
 			url := "http://" + addr
+			if caFile != "" {
+				url = "https://" + addr
+			}
 			agentToken := devToken(cfg, config.RoleAgent)
 			for i := 0; i < agents; i++ {
 				name := fmt.Sprintf("sim-%02d", i+1)
@@ -74,7 +88,7 @@ under --dir; later starts reuse it, so jobs and tokens survive restarts.`,
 					return fmt.Errorf("agent %s: %w", name, err)
 				}
 				ag, err := agent.New(agent.Config{Broker: url, Token: agentToken, Name: name,
-					DataDir: filepath.Join(dir, "agents", name), Labels: map[string]string{"pool": "onprem"},
+					DataDir: filepath.Join(dir, "agents", name), Labels: map[string]string{"pool": "onprem"}, CAFile: caFile,
 					Version: server.Version}, backend, log)
 				if err != nil {
 					cancel()
@@ -90,9 +104,9 @@ under --dir; later starts reuse it, so jobs and tokens survive restarts.`,
 			}
 			cliNote := ""
 			if writeCLI {
-				cliNote = writeDevCLIConfig(url, userToken)
+				cliNote = writeDevCLIConfig(url, userToken, caFile)
 			}
-			printBanner(g, url, userToken, agents, gpus, cliNote)
+			printBanner(g, url, userToken, agents, gpus, cliNote, caFile)
 			<-ctx.Done()
 			fmt.Fprintln(g.stderr, "stopping: agents stop their jobs, then the broker")
 			wg.Wait()
@@ -107,6 +121,7 @@ under --dir; later starts reuse it, so jobs and tokens survive restarts.`,
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "broker address")
 	f.IntVar(&agents, "agents", 2, "number of simulated agents")
 	f.StringVar(&gpus, "gpus", "sim:8xH100-80GB", "GPU backend of each simulated agent")
+	f.BoolVar(&insecure, "insecure", false, "serve plain HTTP instead of HTTPS from the local CA")
 	f.BoolVar(&writeCLI, "write-cli-config", true, "write the user token to ~/.config/spillway/config when that file is absent or was written by dev")
 	return cmd
 }
@@ -185,7 +200,7 @@ const devMarker = "# written by spillway dev"
 
 // writeDevCLIConfig points the CLI at the dev broker, unless the user has a
 // config of their own.
-func writeDevCLIConfig(url, token string) string {
+func writeDevCLIConfig(url, token, caFile string) string {
 	path := cliConfigPath()
 	if path == "" {
 		return ""
@@ -197,17 +212,27 @@ func writeDevCLIConfig(url, token string) string {
 		return ""
 	}
 	body := fmt.Sprintf("%s\nserver: %s\ntoken: %s\n", devMarker, url, token)
+	if caFile != "" {
+		if abs, err := filepath.Abs(caFile); err == nil {
+			body += "ca: " + abs + "\n"
+		}
+	}
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		return ""
 	}
 	return "the CLI reads this server and token from " + path
 }
 
-func printBanner(g *globals, url, token string, agents int, gpus, cliNote string) {
+func printBanner(g *globals, url, token string, agents int, gpus, cliNote, caFile string) {
 	w := g.stdout
 	fmt.Fprintf(w, "\nSpillway dev broker at %s (%d simulated agents, %s each)\n\n", url, agents, strings.TrimPrefix(gpus, "sim:"))
 	fmt.Fprintf(w, "  user token (team nlp):  %s\n", token)
-	fmt.Fprintf(w, "  export SPILLWAY_SERVER=%s SPILLWAY_TOKEN=%s\n", url, token)
+	if caFile != "" {
+		abs, _ := filepath.Abs(caFile)
+		fmt.Fprintf(w, "  export SPILLWAY_SERVER=%s SPILLWAY_TOKEN=%s SPILLWAY_CA=%s\n", url, token, abs)
+	} else {
+		fmt.Fprintf(w, "  export SPILLWAY_SERVER=%s SPILLWAY_TOKEN=%s\n", url, token)
+	}
 	if cliNote != "" {
 		fmt.Fprintf(w, "  %s\n", cliNote)
 	}
@@ -218,4 +243,34 @@ func printBanner(g *globals, url, token string, agents int, gpus, cliNote string
 	fmt.Fprintf(w, "  ./bin/spillway explain JOB\n\n")
 	fmt.Fprintf(w, "Dashboard: %s/ui/ (paste the user token)\n", url)
 	fmt.Fprintf(w, "Ctrl-C stops the broker and the agents.\n\n")
+}
+
+// devTLS gives the dev broker HTTPS from a local CA under dir/tls, unless
+// the config has TLS of its own or insecure asks for plain HTTP. It
+// returns the CA file agents and the CLI trust ("" for plain HTTP).
+func devTLS(cfg *config.Config, dir string, insecure bool) (string, error) {
+	if cfg.TLS.Enabled() {
+		return cfg.TLS.CAFile, nil
+	}
+	if insecure {
+		cfg.TLS.Insecure = true
+		return "", nil
+	}
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return "", fmt.Errorf("listen %q: %w", cfg.Listen, err)
+	}
+	hosts := []string{"127.0.0.1", "localhost", "::1"}
+	if host != "" && host != "0.0.0.0" && host != "::" && !slices.Contains(hosts, host) {
+		hosts = append(hosts, host)
+	}
+	caFile, certFile, keyFile, err := wire.EnsureLocalCA(filepath.Join(dir, "tls"), hosts, time.Now())
+	if err != nil {
+		return "", fmt.Errorf("make the dev CA: %w", err)
+	}
+	cfg.TLS = config.TLS{CertFile: certFile, KeyFile: keyFile, CAFile: caFile}
+	if cfg.AdvertiseURL == "http://"+cfg.Listen {
+		cfg.AdvertiseURL = "https://" + cfg.Listen
+	}
+	return caFile, nil
 }

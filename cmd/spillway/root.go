@@ -30,26 +30,47 @@ type globals struct {
 	server string
 	token  string
 	output string
+	// raw passes job and spec strings to the terminal unescaped.
+	raw bool
+	// peers are the cluster's other broker URLs (SPILLWAY_PEERS).
+	peers string
+	// ca is the CA bundle the broker's certificate must chain to.
+	ca     string
 	stdout io.Writer
 	stderr io.Writer
 }
 
 func execute(args []string, stdout, stderr io.Writer) int {
+	outEsc, errEsc := newEscapeWriter(stdout), newEscapeWriter(stderr)
+	defer outEsc.Flush()
+	defer errEsc.Flush()
 	g := &globals{stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
 		Use:           "spillway",
 		Short:         "Spillway schedules your own GPUs first and bursts to the cloud at peaks",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Every string a tenant wrote (job names, commands, output, error
+		// messages quoting them) is escaped before the terminal, unless
+		// --raw.
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			if !g.raw {
+				g.stdout, g.stderr = outEsc, errEsc
+			}
+		},
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.AddCommand(explainCmd(g), reportCmd(g), unitsCmd(g), backupCmd(g))
+	root.AddCommand(nodeCmd(g), auditCmd(g), loginCmd(g))
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.server, "server", "", "broker URL (env SPILLWAY_SERVER, or server: in ~/.config/spillway/config)")
 	pf.StringVar(&g.token, "token", "", "API token (env SPILLWAY_TOKEN, or token: in ~/.config/spillway/config)")
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.BoolVar(&g.raw, "raw", false, "print job names, commands and logs as they are, escape sequences included (default: shown as \\x1b text)")
+	pf.StringVar(&g.ca, "ca", "", "CA bundle (PEM) the broker's certificate must chain to (env SPILLWAY_CA, or ca: in ~/.config/spillway/config; default: the system's roots)")
+	pf.StringVar(&g.peers, "peers", "", "comma-separated URLs of the cluster's other brokers; the token follows a redirect only to these (env SPILLWAY_PEERS)")
 
 	root.AddCommand(
 		serverCmd(g), agentCmd(g), devCmd(g),
@@ -66,7 +87,11 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "error:", err)
+	errOut := stderr
+	if !g.raw {
+		errOut = errEsc
+	}
+	fmt.Fprintln(errOut, "error:", err)
 	return 1
 }
 
@@ -74,6 +99,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 type cliConfig struct {
 	Server string `json:"server"`
 	Token  string `json:"token"`
+	// CA is the CA bundle file the broker's certificate must chain to.
+	CA string `json:"ca,omitempty"`
 }
 
 func cliConfigPath() string {
@@ -110,7 +137,16 @@ func (g *globals) client() (*client.Client, error) {
 	if token == "" {
 		return nil, fmt.Errorf("no API token: pass --token, set SPILLWAY_TOKEN, or put token: in %s (`make run` prints one)", cliConfigPath())
 	}
-	return client.New(server, token), nil
+	c := client.New(server, token)
+	if ca := firstNonEmpty(g.ca, os.Getenv("SPILLWAY_CA"), file.CA); ca != "" {
+		if err := c.TrustCAFile(ca); err != nil {
+			return nil, err
+		}
+	}
+	if peers := firstNonEmpty(g.peers, os.Getenv("SPILLWAY_PEERS")); peers != "" {
+		c.TrustPeers(strings.Split(peers, ","))
+	}
+	return c, nil
 }
 
 func firstNonEmpty(vs ...string) string {

@@ -6,7 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -97,10 +100,30 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 		}
 		opt.Elector = el
 	}
+	if !cfg.TLS.Enabled() && !cfg.TLS.Insecure {
+		return fmt.Errorf("tls: set tls.certFile and tls.keyFile to serve HTTPS, or tls.insecure: true for plain HTTP (docs/security.md)")
+	}
 	srv, err := server.New(ctx, cfg, st, opt)
 	if err != nil {
 		return err
 	}
+	// SIGHUP reads the certificate again (a renewed one goes live without
+	// a restart).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := srv.ReloadTLS(); err != nil {
+					log.Error("TLS reload failed; the old certificate stays", "err", err)
+				}
+			}
+		}
+	}()
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)

@@ -39,6 +39,18 @@ type Config struct {
 	GPUs    string            `json:"gpus,omitempty"`
 	DataDir string            `json:"dataDir"`
 	Labels  map[string]string `json:"labels,omitempty"`
+	// CAFile is the CA bundle the broker's certificate must chain to; CA
+	// is the same inline (PEM), as the burst bootstrap writes it. Neither:
+	// the CA pinned at enrolment (DataDir/broker-ca.pem), else the
+	// system's roots.
+	CAFile string `json:"caFile,omitempty"`
+	CA     string `json:"ca,omitempty"`
+	// JoinToken is a single-use enrolment token, exchanged once for the
+	// node's own credential (kept in DataDir/node-credential).
+	JoinToken string `json:"joinToken,omitempty"`
+	// Peers are the URLs of the cluster's other brokers: the token follows
+	// a standby's redirect to them (and to the broker's own host) only.
+	Peers []string `json:"peers,omitempty"`
 	// LogLimit caps each attempt's local log file (bytes).
 	LogLimit int64 `json:"logLimit,omitempty"`
 	// Version is reported to the broker.
@@ -75,8 +87,8 @@ type Agent struct {
 
 // New makes an agent over a GPU backend.
 func New(cfg Config, backend gpu.Backend, log *slog.Logger) (*Agent, error) {
-	if cfg.Broker == "" || cfg.Token == "" || cfg.Name == "" {
-		return nil, errors.New("agent needs broker, token and name")
+	if cfg.Broker == "" || cfg.Name == "" {
+		return nil, errors.New("agent needs broker and name")
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("agent needs a data dir")
@@ -91,9 +103,22 @@ func New(cfg Config, backend gpu.Backend, log *slog.Logger) (*Agent, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	tc, err := agentTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if strings.HasPrefix(cfg.Broker, "http://") {
+		log.Warn("the broker URL is plain HTTP: the agent cannot tell the broker from an impostor and its token crosses the network unencrypted", "broker", cfg.Broker)
+	}
+	if err := loadCredential(&cfg); err != nil {
+		return nil, err
+	}
+	if cfg.Token == "" && cfg.JoinToken == "" {
+		return nil, errors.New("agent needs a join token (spillway node token create), a node credential from an earlier enrolment, or an agent token")
+	}
 	return &Agent{
 		cfg: cfg, backend: backend, inv: inv, mps: inv.MPS,
-		http:      brokerHTTP(),
+		http:      brokerHTTP(cfg.Peers, tc),
 		log:       log.With("node", cfg.Name),
 		now:       time.Now,
 		runs:      map[agentapi.JobRef]*run{},
@@ -205,6 +230,11 @@ func (ag *Agent) post(ctx context.Context, path string, in, out any) error {
 }
 
 func (ag *Agent) register(ctx context.Context) error {
+	if ag.cfg.JoinToken != "" {
+		if err := ag.enrol(ctx); err != nil {
+			return err
+		}
+	}
 	req := agentapi.RegisterRequest{
 		Node: ag.cfg.Name, Labels: ag.cfg.Labels, Inventory: ag.inv,
 		CPU: float64(runtime.NumCPU()), Memory: memTotal(), AgentVersion: ag.cfg.Version,

@@ -1,25 +1,19 @@
 package agent
 
 import (
-	"errors"
+	"crypto/tls"
 	"net/http"
+
+	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
 // brokerHTTP is the agent's HTTP client. Several brokers may share one
 // store, one of them leading: a standby answers the agent with 307 to the
-// leader's own URL. Go keeps a 307's method and body but drops
-// Authorization when the redirect goes to another host, so the token is
-// put back (the brokers of one cluster share the agent tokens).
-func brokerHTTP() *http.Client {
-	return &http.Client{CheckRedirect: func(req *http.Request, via []*http.Request) error {
-		if len(via) >= 10 {
-			return errors.New("stopped after 10 redirects")
-		}
-		if req.Header.Get("Authorization") == "" {
-			if a := via[0].Header.Get("Authorization"); a != "" {
-				req.Header.Set("Authorization", a)
-			}
-		}
-		return nil
-	}}
+// leader's own URL. The token follows a redirect only to the broker's own
+// host or to one of peers (the cluster's other brokers), and only 307 and
+// 308 are followed (wire.RedirectPolicy).
+func brokerHTTP(peers []string, tc *tls.Config) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	return &http.Client{CheckRedirect: wire.RedirectPolicy(peers), Transport: tr}
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // TestSyncFollowsRedirectToLeader: an agent pointed at a standby reaches
-// the leader on another host with its body and token intact.
+// the leader on another host, named among its peers, with its body and
+// token intact; a host not among them gets no token (finding 4).
 func TestSyncFollowsRedirectToLeader(t *testing.T) {
 	var gotAuth, gotBody string
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -29,12 +30,22 @@ func TestSyncFollowsRedirectToLeader(t *testing.T) {
 	body := `{"node":"n1","generation":3}`
 	req, _ := http.NewRequest(http.MethodPost, standby.URL+"/v1/agent/sync", bytes.NewReader([]byte(body)))
 	req.Header.Set("Authorization", "Bearer agent-token")
-	resp, err := brokerHTTP().Do(req)
+	resp, err := brokerHTTP([]string{leaderURL}, nil).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || gotBody != body || gotAuth != "Bearer agent-token" {
 		t.Fatalf("leader answered %d, got %q with Authorization %q", resp.StatusCode, gotBody, gotAuth)
+	}
+	req, _ = http.NewRequest(http.MethodPost, standby.URL+"/v1/agent/sync", bytes.NewReader([]byte(body)))
+	req.Header.Set("Authorization", "Bearer agent-token")
+	resp, err = brokerHTTP(nil, nil).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if gotAuth != "" {
+		t.Fatalf("token sent to %s, a host that is not a peer: %q", leaderURL, gotAuth)
 	}
 }

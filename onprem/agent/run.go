@@ -175,7 +175,12 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	cmd := exec.Command(a.Argv[0], a.Argv[1:]...)
 	cmd.Dir = workdir
 	cmd.Env = jobEnv(a, ag.mps)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: the job's main process dies with the agent. An agent
+	// killed with SIGKILL cannot stop its jobs, and the broker retries a
+	// lost node's jobs elsewhere: without this the old copy would run on
+	// beside its retry (finding 8). A restarted agent kills what is left
+	// of the group (killLeftovers).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return fail(fmt.Errorf("create pipe: %w", err))

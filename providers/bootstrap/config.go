@@ -33,6 +33,10 @@ type AgentConfig struct {
 	DataDir string `json:"dataDir"`
 	// Labels are attached to the node: pool, instance, provider, …
 	Labels map[string]string `json:"labels,omitempty"`
+	// CA is the broker's CA bundle (PEM): the machine trusts exactly it
+	// for the broker's certificate. It travels inside this file, over the
+	// SSH session whose host key was verified.
+	CA string `json:"ca,omitempty"`
 }
 
 var (

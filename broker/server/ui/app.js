@@ -323,5 +323,11 @@ document.addEventListener('DOMContentLoaded', () => {
     start();
   });
   $('logout').addEventListener('click', () => signOut(''));
+  // Back from the OIDC login (/v1/login/start): the session is in the
+  // fragment, which no server saw; keep it in this tab only.
+  if (location.hash.startsWith('#session=')) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(location.hash.slice('#session='.length)));
+    history.replaceState(null, '', location.pathname);
+  }
   if (sessionStorage.getItem(TOKEN_KEY)) start();
 });

@@ -1,0 +1,44 @@
+package broker
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// AppendAudit adds one record to the audit log under a key of its time and
+// id (an id unique to the record). The log is append-only: a key that
+// exists already is never overwritten (ErrConflict).
+func AppendAudit(tx Tx, id string, r AuditRecord) error {
+	key := fmt.Sprintf("%020d/%s", r.At.UnixNano(), id)
+	if _, err := tx.Get(BucketAudit, key); err == nil {
+		return fmt.Errorf("audit record %s exists: %w", key, ErrConflict)
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return putJSON(tx, BucketAudit, key, r)
+}
+
+// ScanAudit calls fn with the audit records from from (inclusive) to to
+// (exclusive; zero: no end), oldest first, until fn returns ErrStopScan.
+func ScanAudit(tx Tx, from, to time.Time, fn func(AuditRecord) error) error {
+	lo, hi := "", ""
+	if !from.IsZero() {
+		lo = fmt.Sprintf("%020d", from.UnixNano())
+	}
+	if !to.IsZero() {
+		hi = fmt.Sprintf("%020d", to.UnixNano())
+	}
+	err := tx.Scan(BucketAudit, lo, hi, func(_ string, v []byte) error {
+		var r AuditRecord
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		return fn(r)
+	})
+	if errors.Is(err, ErrStopScan) {
+		return nil
+	}
+	return err
+}
