@@ -90,6 +90,24 @@ func (s *Server) getInstance(c echo.Context) error {
 		return err
 	}
 	if len(views) == 0 {
+		// A unique prefix names the machine too, with or without "spw-".
+		s.mu.Lock()
+		ids := make([]string, 0, len(s.burst.instances))
+		for id := range s.burst.instances {
+			ids = append(ids, id)
+		}
+		s.mu.Unlock()
+		id, perr := matchInstancePrefix(ids, c.Param("id"))
+		if ae, ok := perr.(*apiError); ok {
+			return ae
+		}
+		if perr == nil {
+			if views, err = s.instanceViews(c, id); err != nil {
+				return err
+			}
+		}
+	}
+	if len(views) == 0 {
 		return newError(http.StatusNotFound, "not_found", "instance %s not found", clip(c.Param("id")))
 	}
 	return c.JSON(http.StatusOK, views[0])

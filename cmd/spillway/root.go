@@ -42,6 +42,15 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	var showVersion bool
+	root.Flags().BoolVar(&showVersion, "version", false, "print this binary's version and the broker's")
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		if showVersion {
+			printVersion(cmd.Context(), g, false)
+			return nil
+		}
+		return cmd.Help()
+	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
@@ -65,6 +74,11 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	var ee exitError
 	if errors.As(err, &ee) {
 		return ee.code
+	}
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Ctrl-C: the shell's convention for SIGINT, and no error text.
+		fmt.Fprintln(stderr, "spillway: interrupted")
+		return 130
 	}
 	fmt.Fprintln(stderr, "error:", err)
 	return 1

@@ -95,8 +95,9 @@ func runCmd(g *globals) *cobra.Command {
 // when cancelled.
 func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) error {
 	progress := &waitProgress{w: g.stderr}
+	rc := &reconnector{w: g.stderr, id: id}
 	for {
-		j, err := c.Job(ctx, id)
+		j, err := jobRetrying(ctx, c, id, rc)
 		if err != nil {
 			return err
 		}
@@ -112,7 +113,7 @@ func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) er
 		progress.done(ctx, c)
 		break
 	}
-	if err := c.Logs(ctx, id, client.LogOptions{Follow: true, Tail: -1}, g.stdout); err != nil && ctx.Err() == nil {
+	if err := followLogs(ctx, c, id, client.LogOptions{Follow: true, Tail: -1}, g.stdout, rc); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("stream log: %w", err)
 	}
 	if ctx.Err() != nil {
@@ -120,7 +121,7 @@ func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) er
 	}
 	// The log ends when the job does; read its final state.
 	for {
-		j, err := c.Job(ctx, id)
+		j, err := jobRetrying(ctx, c, id, rc)
 		if err != nil {
 			return err
 		}
