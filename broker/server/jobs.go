@@ -59,6 +59,12 @@ func (s *Server) submit(c echo.Context) error {
 	if err := spec.Validate(lim); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	err = s.unsatisfiableLocked(spec)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	now := s.clock.Now()
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}

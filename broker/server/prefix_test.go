@@ -41,3 +41,20 @@ func TestJobIDPrefix(t *testing.T) {
 		t.Fatalf("a prefix shorter than %d resolved: %d", MinIDPrefix, code)
 	}
 }
+
+// TestUnsatisfiableModel: a gpuModel no node has (and no offer, with no
+// provider configured) is refused at submit with the models there are,
+// instead of waiting forever; one a node has is accepted.
+func TestUnsatisfiableModel(t *testing.T) {
+	h := newHarness(t)
+	h.agent("n1", 8)
+	var e struct{ Error struct{ Code, Message, Field string } }
+	code := h.do("POST", "/v1/jobs", tokAlice, `{"resources": {"gpus": 1, "gpuModel": "B200"}, "timeout": "1h", "command": ["true"]}`, &e)
+	if code != http.StatusBadRequest || e.Error.Code != CodeUnsatisfiable || e.Error.Field != "resources.gpuModel" ||
+		!strings.Contains(e.Error.Message, "B200") || !strings.Contains(e.Error.Message, "H100") {
+		t.Fatalf("B200: %d %+v", code, e)
+	}
+	if j := h.submit(tokAlice, `{"resources": {"gpus": 1, "gpuModel": "h100"}, "timeout": "1h", "command": ["true"]}`); j.ID == "" {
+		t.Fatal("h100 refused")
+	}
+}
