@@ -25,7 +25,9 @@ func TestJobIDPrefix(t *testing.T) {
 		t.Fatalf("GET prefix %s = %d %s, want %s", unique, code, got.ID, a.ID)
 	}
 	if common >= MinIDPrefix {
-		var e struct{ Error struct{ Code, Message string } }
+		var e struct {
+			Error struct{ Code, Message string }
+		}
 		code := h.do("GET", "/v1/jobs/"+a.ID[:common], tokAlice, nil, &e)
 		if code != http.StatusConflict || !strings.Contains(e.Error.Message, a.ID) || !strings.Contains(e.Error.Message, b.ID) {
 			t.Fatalf("ambiguous prefix: %d %+v", code, e)
@@ -48,7 +50,9 @@ func TestJobIDPrefix(t *testing.T) {
 func TestUnsatisfiableModel(t *testing.T) {
 	h := newHarness(t)
 	h.agent("n1", 8)
-	var e struct{ Error struct{ Code, Message, Field string } }
+	var e struct {
+		Error struct{ Code, Message, Field string }
+	}
 	code := h.do("POST", "/v1/jobs", tokAlice, `{"resources": {"gpus": 1, "gpuModel": "B200"}, "timeout": "1h", "command": ["true"]}`, &e)
 	if code != http.StatusBadRequest || e.Error.Code != CodeUnsatisfiable || e.Error.Field != "resources.gpuModel" ||
 		!strings.Contains(e.Error.Message, "B200") || !strings.Contains(e.Error.Message, "H100") {
