@@ -117,6 +117,9 @@ func (s *Server) getInstance(c echo.Context) error {
 type BurstPlan struct {
 	Decision burst.Decision `json:"decision"`
 	Input    *burst.Input   `json:"input"`
+	// Providers are the configured providers' names; none means the
+	// broker cannot burst at all.
+	Providers []string `json:"providers"`
 }
 
 func (s *Server) burstPlan(c echo.Context) error {
@@ -124,7 +127,14 @@ func (s *Server) burstPlan(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, BurstPlan{Decision: d, Input: in})
+	names := []string{}
+	s.mu.Lock()
+	for name := range s.burst.providers {
+		names = append(names, name)
+	}
+	s.mu.Unlock()
+	slices.Sort(names)
+	return c.JSON(http.StatusOK, BurstPlan{Decision: d, Input: in, Providers: names})
 }
 
 // BudgetView is one budget with this month's money.

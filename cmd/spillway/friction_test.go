@@ -81,3 +81,13 @@ func TestTokenCreateAndConfigCheck(t *testing.T) {
 		t.Error("a user token without --team was created")
 	}
 }
+
+// TestBurstPlanSaysNoProvider: with no provider configured, burst plan
+// says so and where to start, instead of "0 offer(s)" alone.
+func TestBurstPlanSaysNoProvider(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliAdmin, "burst", "plan")
+	if code != 0 || !strings.Contains(out, "No provider is configured") || !strings.Contains(out, "spillway dev --burst") {
+		t.Fatalf("burst plan: %d\n%s%s", code, out, errOut)
+	}
+}
