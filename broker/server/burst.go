@@ -108,12 +108,20 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 func (s *Server) loadInstances(ctx context.Context) error {
 	b := &s.burst
 	b.instances = map[string]*broker.InstanceRecord{}
+	b.alerted = map[string]bool{}
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		recs, err := broker.ListInstances(tx)
 		for _, r := range recs {
 			b.instances[r.ID] = r
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		// Budget alerts already raised stay raised across restarts.
+		return tx.Scan(broker.BucketMeta, budgetAlertKey, broker.PrefixEnd(budgetAlertKey), func(k string, _ []byte) error {
+			b.alerted[strings.TrimPrefix(k, budgetAlertKey)] = true
+			return nil
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("load instance records: %w", err)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -238,6 +239,10 @@ func (s *Server) listAudit(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"audit": out})
 }
 
+// budgetAlertKey prefixes the meta keys of alerts raised
+// ("budget-alert/2026-12/global/80").
+const budgetAlertKey = "budget-alert/"
+
 // checkBudgetAlertsLocked raises an alert the first time in a month a
 // scope's committed spend crosses 80% and 100% of its budget: a log line,
 // the gauge, and the webhook when configured.
@@ -255,6 +260,14 @@ func (s *Server) checkBudgetAlertsLocked(in *burst.Input) {
 				continue
 			}
 			s.burst.alerted[key] = true
+			go func() {
+				// Kept, so a restart does not raise the alert again.
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := s.store.Batch(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, budgetAlertKey+key, []byte("1")) }); err != nil {
+					s.log.Warn("record budget alert", "key", key, "err", err)
+				}
+			}()
 			msg := fmt.Sprintf("burst budget %s at %.0f%%: %s of %s %s committed in %s", scope, ratio*100,
 				burst.Money(b.Committed), burst.Money(b.Limit), in.Currency, month)
 			s.log.Warn("budget alert", "scope", scope, "level", level, "committed", b.Committed.String(), "limit", b.Limit.String(), "msg", msg)
