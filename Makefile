@@ -22,6 +22,16 @@ build: ## build bin/spillway
 run: build ## start a broker with a simulated on-prem fleet (2 agents x 8 GPUs) on 127.0.0.1:8080
 	./$(BIN) dev
 
+.PHONY: demo
+demo: build ## watch a burst: spillway dev --burst and the README's script (deploy/demo/burst.sh)
+	@rm -rf .spillway/demo && mkdir -p .spillway
+	@set -e; ./$(BIN) dev --burst --dir .spillway/demo --listen 127.0.0.1:8090 --write-cli-config=false > .spillway/demo.log 2>&1 & pid=$$!; \
+		trap 'kill -INT $$pid 2>/dev/null; wait $$pid' EXIT; \
+		for i in $$(seq 100); do grep -q 'user token' .spillway/demo.log 2>/dev/null && break; sleep 0.2; done; \
+		tok=$$(sed -n 's/.*user token (team nlp): *//p' .spillway/demo.log); \
+		test -n "$$tok" || { cat .spillway/demo.log; exit 1; }; \
+		SPILLWAY_SERVER=http://127.0.0.1:8090 SPILLWAY_TOKEN=$$tok sh deploy/demo/burst.sh
+
 .PHONY: test
 test: ## run every test, including the end-to-end ones in integration/
 	$(GO) test -count=1 -timeout 15m ./...

@@ -71,7 +71,9 @@ type Pool struct {
 func (p Pool) Label() string {
 	parts := []string{string(p.Kind)}
 	if p.Kind == PoolOnPrem {
-		if p.Name != "" {
+		// A node pool named like its kind (pool: onprem, the dev default)
+		// reads "onprem", not "onprem/onprem".
+		if p.Name != "" && p.Name != string(p.Kind) {
 			parts = append(parts, p.Name)
 		}
 		return strings.Join(parts, "/")

@@ -40,9 +40,19 @@ type APIError struct {
 	Code    string
 	Message string
 	Field   string
+	// Details lists every invalid field when there is more than one.
+	Details []broker.FieldError
 }
 
 func (e *APIError) Error() string {
+	if len(e.Details) > 1 {
+		lines := make([]string, 0, len(e.Details)+1)
+		lines = append(lines, fmt.Sprintf("%d problems:", len(e.Details)))
+		for _, d := range e.Details {
+			lines = append(lines, "  "+d.Error())
+		}
+		return strings.Join(lines, "\n")
+	}
 	if e.Field != "" && !strings.HasPrefix(e.Message, e.Field) {
 		return fmt.Sprintf("%s: %s", e.Field, e.Message)
 	}
@@ -85,11 +95,12 @@ func (c *Client) doHeader(ctx context.Context, method, path string, body io.Read
 	var eb struct {
 		Error struct {
 			Code, Message, Field string
+			Details              []broker.FieldError
 		} `json:"error"`
 	}
 	ae := &APIError{Status: resp.StatusCode, Code: http.StatusText(resp.StatusCode), Message: strings.TrimSpace(string(raw))}
 	if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
-		ae.Code, ae.Message, ae.Field = eb.Error.Code, eb.Error.Message, eb.Error.Field
+		ae.Code, ae.Message, ae.Field, ae.Details = eb.Error.Code, eb.Error.Message, eb.Error.Field, eb.Error.Details
 	}
 	return nil, ae
 }

@@ -45,6 +45,11 @@ type Burst struct {
 	// AgentGPUs is the GPU backend burst agents use: auto (default), nvml,
 	// or sim (simulated cards shaped like the offer, for test clouds).
 	AgentGPUs string `json:"agentGPUs,omitempty"`
+	// AgentInit is how burst agents start: auto (a systemd unit where the
+	// machine has systemd, else a supervised loop) or supervised.
+	AgentInit string `json:"agentInit,omitempty"`
+	// AgentSudo: auto (sudo when the login is not root) or never.
+	AgentSudo string `json:"agentSudo,omitempty"`
 	// AgentDataDir is the agent's data dir on the machine.
 	AgentDataDir string `json:"agentDataDir,omitempty"`
 	// RemoteDir is where the binary and agent config go on the machine.
@@ -97,6 +102,8 @@ func (c *Config) burstDefaults() {
 	b.MaxLifetime = cmp.Or(b.MaxLifetime, broker.Duration(d.MaxLifetime))
 	b.LeaseMargin = cmp.Or(b.LeaseMargin, broker.Duration(d.LeaseMargin))
 	b.AgentGPUs = cmp.Or(b.AgentGPUs, "auto")
+	b.AgentInit = cmp.Or(b.AgentInit, "auto")
+	b.AgentSudo = cmp.Or(b.AgentSudo, "auto")
 	b.AgentDataDir = cmp.Or(b.AgentDataDir, "/var/lib/spillway")
 	b.ReconcileEvery = cmp.Or(b.ReconcileEvery, broker.Duration(time.Minute))
 	b.OrphanGrace = cmp.Or(b.OrphanGrace, broker.Duration(2*time.Minute))
@@ -147,6 +154,12 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 	}
 	if !agentGPUsRe.MatchString(b.AgentGPUs) {
 		add("burst.agentGPUs", broker.CodeInvalid, "must be auto, nvml, none or sim")
+	}
+	if b.AgentInit != "auto" && b.AgentInit != "supervised" {
+		add("burst.agentInit", broker.CodeInvalid, "must be auto or supervised")
+	}
+	if b.AgentSudo != "auto" && b.AgentSudo != "never" {
+		add("burst.agentSudo", broker.CodeInvalid, "must be auto or never")
 	}
 	if b.ReconcileEvery.D() < time.Second {
 		add("burst.reconcileEvery", broker.CodeOutOfRange, "must be at least 1s")

@@ -314,6 +314,11 @@ func DefaultPriorities() []Priority {
 	return []Priority{{Name: "low", Value: 100}, {Name: "medium", Value: 200}, {Name: "high", Value: 300}}
 }
 
+// Placeholder marks what an example config leaves for the operator to
+// fill in (token hashes, passwords): a config still holding it is refused,
+// so no example ships a usable secret.
+const Placeholder = "REPLACE-ME"
+
 // Load reads and validates a config file. Relative paths inside it are
 // resolved against the file's directory.
 func Load(path string) (*Config, error) {
@@ -432,6 +437,8 @@ func (c *Config) Validate() error {
 	}
 	switch {
 	case c.Store == "" || c.Store == "bolt":
+	case strings.Contains(c.Store, Placeholder):
+		add("store", broker.CodeRequired, "still has the example's %s: put the Redis password (requirepass) in the URL", Placeholder)
 	case strings.HasPrefix(c.Store, "bolt://"):
 	case c.IsRedis():
 		if err := redisstore.CheckURL(c.Store); err != nil {
@@ -472,6 +479,8 @@ func (c *Config) Validate() error {
 			add(f+".role", broker.CodeInvalid, "must be user, operator, finance, agent or metrics, got %q", t.Role)
 		}
 		switch {
+		case t.Token == Placeholder || t.TokenSHA256 == Placeholder:
+			add(f+".tokenSHA256", broker.CodeRequired, "is still the example's %s: run `spillway token create --name %s` and paste the tokenSHA256 it prints", Placeholder, clipName(t.Name))
 		case t.Token != "" && t.TokenSHA256 != "":
 			add(f, broker.CodeInvalid, "set token or tokenSHA256, not both")
 		case t.Token != "" && len(t.Token) < 16:

@@ -10,10 +10,7 @@ import (
 )
 
 func TestExampleConfigParses(t *testing.T) {
-	c, err := Load("../../deploy/spillway.example.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := loadExample(t, "../../deploy/spillway.example.yaml")
 	if c.Listen != "0.0.0.0:8080" || len(c.Auth.Tokens) != 4 || len(c.Queues) != 3 {
 		t.Fatalf("example parsed oddly: %+v", c)
 	}

@@ -5,10 +5,7 @@ import "testing"
 // TestHAExampleParses: the three-broker example in deploy/ha is a valid
 // config on Redis.
 func TestHAExampleParses(t *testing.T) {
-	c, err := Load("../../deploy/ha/spillway.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := loadExample(t, "../../deploy/ha/spillway.yaml")
 	if c.StorePath() != "" || len(c.Teams) != 2 || c.Reports.Location().String() != "Europe/Berlin" {
 		t.Fatalf("ha example parsed oddly: store %q teams %d zone %s", c.Store, len(c.Teams), c.Reports.Location())
 	}
@@ -17,10 +14,7 @@ func TestHAExampleParses(t *testing.T) {
 // TestExampleHasTeamsAndReports: the single-box example shows quotas and
 // the reports section.
 func TestExampleHasTeamsAndReports(t *testing.T) {
-	c, err := Load("../../deploy/spillway.example.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := loadExample(t, "../../deploy/spillway.example.yaml")
 	if len(c.Teams) != 2 || c.Teams[0].Quota == nil || c.Teams[0].Quota.GPUs != 16 || *c.Reports.DayStart != 8 || !c.ReclaimsIdle("inference") {
 		t.Fatalf("example: %+v", c.Teams)
 	}

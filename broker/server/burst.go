@@ -108,12 +108,20 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 func (s *Server) loadInstances(ctx context.Context) error {
 	b := &s.burst
 	b.instances = map[string]*broker.InstanceRecord{}
+	b.alerted = map[string]bool{}
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		recs, err := broker.ListInstances(tx)
 		for _, r := range recs {
 			b.instances[r.ID] = r
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		// Budget alerts already raised stay raised across restarts.
+		return tx.Scan(broker.BucketMeta, budgetAlertKey, broker.PrefixEnd(budgetAlertKey), func(k string, _ []byte) error {
+			b.alerted[strings.TrimPrefix(k, budgetAlertKey)] = true
+			return nil
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("load instance records: %w", err)
@@ -929,7 +937,7 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		gpus = fmt.Sprintf("sim:%dx%s-%dGB", max(rec.Offer.GPUs, 1), firstNonEmpty(rec.Offer.GPUModel, "H100"), max(rec.Offer.GPUMemoryBytes>>30, 1))
 	}
 	agent := bootstrap.AgentConfig{Broker: s.cfg.AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
-		DataDir: s.cfg.Burst.AgentDataDir,
+		DataDir: machineDir(s.cfg.Burst.AgentDataDir, rec.ID),
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType}}
 	registered := func(ctx context.Context) error { return s.waitRegistered(ctx, rec.ID, started) }
@@ -963,9 +971,19 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 func (s *Server) sshBootstrap(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider, agent bootstrap.AgentConfig, registered func(context.Context) error) (*bootstrap.Transcript, error) {
 	target := bootstrap.Target{Addr: rec.SSHHost, User: rec.SSHUser, Signer: s.burst.signer,
 		HostKeys: func(ctx context.Context) ([]ssh.PublicKey, error) { return prov.HostKeys(ctx, rec.ProviderID) }}
-	return bootstrap.Run(ctx, target, bootstrap.Options{Agent: agent, RemoteDir: s.cfg.Burst.RemoteDir,
-		Binaries: s.cfg.Burst.Binaries, WaitRegistered: registered, Logger: s.log.With("record", rec.ID)})
+	opts := bootstrap.Options{Agent: agent, RemoteDir: machineDir(s.cfg.Burst.RemoteDir, rec.ID),
+		Binaries: s.cfg.Burst.Binaries, WaitRegistered: registered, Logger: s.log.With("record", rec.ID),
+		NoSudo: s.cfg.Burst.AgentSudo == "never"}
+	if s.cfg.Burst.AgentInit == "supervised" {
+		opts.Init = bootstrap.InitSupervised
+	}
+	return bootstrap.Run(ctx, target, opts)
 }
+
+// machineDir expands "{machine}" in a configured remote path to the
+// record id, so machines sharing one filesystem (the broker's own host
+// under `spillway dev --burst`) keep their agents apart.
+func machineDir(dir, id string) string { return strings.ReplaceAll(dir, "{machine}", id) }
 
 // waitRegistered returns once the machine's agent has registered since
 // the bootstrap began.
@@ -1036,7 +1054,7 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 			target := bootstrap.Target{Addr: rec.SSHHost, User: rec.SSHUser, Signer: s.burst.signer,
 				HostKeys: func(ctx context.Context) ([]ssh.PublicKey, error) { return prov.HostKeys(ctx, rec.ProviderID) }}
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
-			if _, err := bootstrap.Stop(cctx, target, bootstrap.StopOptions{RemoteDir: s.cfg.Burst.RemoteDir}); err != nil {
+			if _, err := bootstrap.Stop(cctx, target, bootstrap.StopOptions{RemoteDir: machineDir(s.cfg.Burst.RemoteDir, rec.ID)}); err != nil {
 				s.log.Warn("stop agent on leased host", "record", id, "err", err)
 			}
 			cancel()

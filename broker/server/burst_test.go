@@ -538,6 +538,23 @@ func TestBudgetAlerts(t *testing.T) {
 	if n := len(got); n != 0 {
 		t.Fatalf("%d repeated alerts", n)
 	}
+	// A restart does not raise it again: the alert was recorded.
+	r.until("the alert recorded", 300, func() bool {
+		found := false
+		_ = r.srv.store.View(context.Background(), func(tx broker.Tx) error {
+			return tx.Scan(broker.BucketMeta, budgetAlertKey, broker.PrefixEnd(budgetAlertKey), func(string, []byte) error {
+				found = true
+				return nil
+			})
+		})
+		return found
+	})
+	r.restart()
+	r.srv.resumeRecords(r.ctx)
+	r.run(5 * time.Second)
+	if n := len(got); n != 0 {
+		t.Fatalf("%d alerts repeated after a restart", n)
+	}
 }
 
 // TestPreemptedOffBurstMachineIsUnbound: a job that leaves a burst machine

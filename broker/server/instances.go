@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -89,6 +90,24 @@ func (s *Server) getInstance(c echo.Context) error {
 		return err
 	}
 	if len(views) == 0 {
+		// A unique prefix names the machine too, with or without "spw-".
+		s.mu.Lock()
+		ids := make([]string, 0, len(s.burst.instances))
+		for id := range s.burst.instances {
+			ids = append(ids, id)
+		}
+		s.mu.Unlock()
+		id, perr := matchInstancePrefix(ids, c.Param("id"))
+		if ae, ok := perr.(*apiError); ok {
+			return ae
+		}
+		if perr == nil {
+			if views, err = s.instanceViews(c, id); err != nil {
+				return err
+			}
+		}
+	}
+	if len(views) == 0 {
 		return newError(http.StatusNotFound, "not_found", "instance %s not found", clip(c.Param("id")))
 	}
 	return c.JSON(http.StatusOK, views[0])
@@ -98,6 +117,9 @@ func (s *Server) getInstance(c echo.Context) error {
 type BurstPlan struct {
 	Decision burst.Decision `json:"decision"`
 	Input    *burst.Input   `json:"input"`
+	// Providers are the configured providers' names; none means the
+	// broker cannot burst at all.
+	Providers []string `json:"providers"`
 }
 
 func (s *Server) burstPlan(c echo.Context) error {
@@ -105,7 +127,14 @@ func (s *Server) burstPlan(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, BurstPlan{Decision: d, Input: in})
+	names := []string{}
+	s.mu.Lock()
+	for name := range s.burst.providers {
+		names = append(names, name)
+	}
+	s.mu.Unlock()
+	slices.Sort(names)
+	return c.JSON(http.StatusOK, BurstPlan{Decision: d, Input: in, Providers: names})
 }
 
 // BudgetView is one budget with this month's money.
@@ -193,6 +222,10 @@ func (s *Server) setBudget(c echo.Context) error {
 	return c.JSON(http.StatusOK, b)
 }
 
+// budgetAlertKey prefixes the meta keys of alerts raised
+// ("budget-alert/2026-12/global/80").
+const budgetAlertKey = "budget-alert/"
+
 // checkBudgetAlertsLocked raises an alert the first time in a month a
 // scope's committed spend crosses 80% and 100% of its budget: a log line,
 // the gauge, and the webhook when configured.
@@ -210,6 +243,14 @@ func (s *Server) checkBudgetAlertsLocked(in *burst.Input) {
 				continue
 			}
 			s.burst.alerted[key] = true
+			go func() {
+				// Kept, so a restart does not raise the alert again.
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := s.store.Batch(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, budgetAlertKey+key, []byte("1")) }); err != nil {
+					s.log.Warn("record budget alert", "key", key, "err", err)
+				}
+			}()
 			msg := fmt.Sprintf("burst budget %s at %.0f%%: %s of %s %s committed in %s", scope, ratio*100,
 				burst.Money(b.Committed), burst.Money(b.Limit), in.Currency, month)
 			s.log.Warn("budget alert", "scope", scope, "level", level, "committed", b.Committed.String(), "limit", b.Limit.String(), "msg", msg)

@@ -70,6 +70,12 @@ func (s *Server) submit(c echo.Context) error {
 	if err := spec.Validate(lim); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	err = s.unsatisfiableLocked(spec)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if spec.Array != "" {
 		return s.submitArray(c, p, spec)
 	}
@@ -139,10 +145,14 @@ func (s *Server) loadVisibleJob(c echo.Context) (*broker.Job, error) {
 	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
 		var err error
 		j, err = broker.GetJob(tx, id)
+		if errors.Is(err, broker.ErrNotFound) && len(id) < 26 {
+			// A unique prefix names the job too (spillway status 01M8RYGE).
+			j, err = resolveJobPrefix(tx, id, func(j *broker.Job) bool { return canSeeTeam(principal(c), j.Spec.Team) })
+		}
 		return err
 	})
 	if err != nil {
-		if err == broker.ErrNotFound {
+		if errors.Is(err, broker.ErrNotFound) {
 			return nil, newError(http.StatusNotFound, "not_found", "job %s not found", clip(id))
 		}
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
@@ -313,6 +314,20 @@ func describePlacements(ps []broker.Placement) string {
 	return "on " + strings.Join(parts, "; ")
 }
 
+// endedMachineLocked reports whether name is a burst machine the
+// controller is ending or has ended.
+func (s *Server) endedMachineLocked(name string) bool {
+	r, ok := s.burst.instances[name]
+	if !ok {
+		return false
+	}
+	switch burst.MachineState(r.State) {
+	case burst.Draining, burst.Terminating, burst.Terminated, burst.Failed:
+		return true
+	}
+	return false
+}
+
 // checkNodesLocked declares nodes lost when they have been silent past the
 // TTL and returns their jobs to the queue.
 func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
@@ -333,7 +348,13 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 		nn := cloneNode(n)
 		nn.State = broker.NodeLost
 		nodes = append(nodes, nn)
-		s.log.Warn("node lost", "node", n.Name, "last_seen", n.LastSeen, "ttl", ttl)
+		if s.endedMachineLocked(n.Name) {
+			// A burst machine the controller ended on purpose (scale-down,
+			// a failed bootstrap): its silence is expected.
+			s.log.Info("burst machine's node gone after it was ended", "node", n.Name, "last_seen", n.LastSeen)
+		} else {
+			s.log.Warn("node lost", "node", n.Name, "last_seen", n.LastSeen, "ttl", ttl)
+		}
 		for _, j := range s.holdingOnLocked(n.Name) {
 			jj := cloneJob(j)
 			// The job is lost as of the node's last heartbeat: that is

@@ -31,6 +31,10 @@ func burstCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(g.stdout, "On-prem allocation %.0f%% (%d/%d GPUs), threshold %.0f%%: controller %s\n",
 						100*d.Allocation, in.OnPremAllocated, in.OnPremGPUs, 100*in.Policy.Threshold, state)
 					fmt.Fprintf(g.stdout, "%d waiting job(s), %d machine(s), %d offer(s)\n\n", len(in.Pending), len(in.Machines), len(in.Offers))
+					if len(p.Providers) == 0 {
+						fmt.Fprintln(g.stdout, "No provider is configured, so nothing can burst: add one under providers: (docs/providers.md),\nor watch a burst on this machine with `spillway dev --burst` (README, \"Watch a burst\").")
+						return nil
+					}
 					if len(d.Launches) == 0 && len(d.Binds) == 0 && len(d.Stops) == 0 {
 						fmt.Fprintln(g.stdout, "Nothing to launch, bind or stop.")
 					}

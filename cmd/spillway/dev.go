@@ -26,7 +26,7 @@ import (
 func devCmd(g *globals) *cobra.Command {
 	var dir, listen, gpus string
 	var agents int
-	var writeCLI, insecure bool
+	var writeCLI, insecure, burst bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run a broker with a simulated on-prem fleet, for trying Spillway out",
@@ -42,13 +42,24 @@ plain HTTP instead.`,
 			if agents < 0 || agents > 64 {
 				return fmt.Errorf("--agents must be between 0 and 64")
 			}
-			cfgPath, userToken, err := ensureDevConfig(dir, listen)
+			if burst {
+				devBurstDefaults(cmd, &dir, &gpus, &agents)
+			}
+			cfgPath, userToken, err := ensureDevConfig(dir, listen, burst)
 			if err != nil {
 				return err
 			}
 			cfg, err := config.Load(cfgPath)
 			if err != nil {
 				return err
+			}
+			var cloud *localCloud
+			if burst {
+				if cloud, err = startLocalCloud(cfgPath); err != nil {
+					return err
+				}
+				defer cloud.Close()
+				cfg = cloud.cfg
 			}
 			log := newLogger(g.stderr, cfg.Log)
 			caFile, err := devTLS(cfg, dir, insecure)
@@ -81,7 +92,7 @@ plain HTTP instead.`,
 			agentToken := devToken(cfg, config.RoleAgent)
 			for i := 0; i < agents; i++ {
 				name := fmt.Sprintf("sim-%02d", i+1)
-				backend, err := backends.Open(gpus, name, log)
+				backend, err := backends.Open(gpus, devSimSeed(dir, name), log)
 				if err != nil {
 					cancel()
 					wg.Wait()
@@ -106,7 +117,16 @@ plain HTTP instead.`,
 			if writeCLI {
 				cliNote = writeDevCLIConfig(url, userToken, caFile)
 			}
-			printBanner(g, url, userToken, agents, gpus, cliNote, caFile)
+			if cloud != nil {
+				if err := cloud.setBudget(ctx, url, devToken(cfg, config.RoleOperator)); err != nil {
+					cancel()
+					wg.Wait()
+					return err
+				}
+				printBurstBanner(g, url, userToken, agents, gpus, cliNote, caFile)
+			} else {
+				printBanner(g, url, userToken, agents, gpus, cliNote, caFile)
+			}
 			<-ctx.Done()
 			fmt.Fprintln(g.stderr, "stopping: agents stop their jobs, then the broker")
 			wg.Wait()
@@ -122,6 +142,7 @@ plain HTTP instead.`,
 	f.IntVar(&agents, "agents", 2, "number of simulated agents")
 	f.StringVar(&gpus, "gpus", "sim:8xH100-80GB", "GPU backend of each simulated agent")
 	f.BoolVar(&insecure, "insecure", false, "serve plain HTTP instead of HTTPS from the local CA")
+	f.BoolVar(&burst, "burst", false, "also run a local cloud to burst to (docs: README, \"Watch a burst\"): a fake EC2 whose machines are agent processes on this host reached over SSH, priced offers and a small budget; default --dir .spillway/burst, one agent with 2 GPUs")
 	f.BoolVar(&writeCLI, "write-cli-config", true, "write the user token to ~/.config/spillway/config when that file is absent or was written by dev")
 	return cmd
 }
@@ -134,7 +155,7 @@ func newToken() string {
 
 // ensureDevConfig writes dir/config.yaml with fresh tokens on first use and
 // returns its path and the user token.
-func ensureDevConfig(dir, listen string) (string, string, error) {
+func ensureDevConfig(dir, listen string, burst bool) (string, string, error) {
 	path := filepath.Join(dir, "config.yaml")
 	if _, err := os.Stat(path); err == nil {
 		cfg, err := config.Load(path)
@@ -173,14 +194,14 @@ billing:
   onprem:
     rates:
       H100: [{perGPUHour: "2.10"}]   # amortised cost of an owned H100
-auth:
+%sauth:
   tokens:
     - {name: alice, role: user, team: nlp, token: %s}
     - {name: bob, role: user, team: vision, token: %s}
     - {name: admin, role: operator, token: %s}
     - {name: finance, role: finance, token: %s}
     - {name: agents, role: agent, token: %s}
-`, time.Now().UTC().Format(time.RFC3339), listen, user, newToken(), newToken(), newToken(), newToken())
+`, time.Now().UTC().Format(time.RFC3339), listen, devBurstSection(dir, burst), user, newToken(), newToken(), newToken(), newToken())
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		return "", "", fmt.Errorf("write dev config: %w", err)
 	}

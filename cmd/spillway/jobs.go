@@ -17,7 +17,7 @@ func jobsCmd(g *globals) *cobra.Command {
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "jobs",
-		Short: "List jobs, newest first",
+		Short: "List active jobs, newest first (--all: finished ones too)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := g.checkOutput(); err != nil {
@@ -27,6 +27,10 @@ func jobsCmd(g *globals) *cobra.Command {
 				if s = strings.TrimSpace(s); s != "" {
 					o.States = append(o.States, broker.State(s))
 				}
+			}
+			if len(o.States) == 0 && !all {
+				// Active jobs by default, as ps shows running processes.
+				o.States = activeStates
 			}
 			c, err := g.client()
 			if err != nil {
@@ -66,9 +70,13 @@ func jobsCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Queue, "queue", "", "only this queue")
 	f.IntVar(&o.Limit, "limit", 50, "page size")
 	f.StringVar(&o.Cursor, "cursor", "", "continue after this job id")
-	f.BoolVar(&all, "all", false, "fetch every page")
+	f.BoolVar(&all, "all", false, "finished jobs too, every page")
 	return cmd
 }
+
+// activeStates are the states `spillway jobs` lists without --all.
+var activeStates = []broker.State{broker.StatePending, broker.StateProvisioning, broker.StateStarting,
+	broker.StateRunning, broker.StatePreempted, broker.StateLost}
 
 // whereOrWhy is where a job runs, or why it does not.
 func whereOrWhy(j *broker.Job) string {

@@ -17,11 +17,11 @@ func logsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			err = c.Logs(cmd.Context(), args[0], o, g.stdout)
-			if cmd.Context().Err() != nil {
-				return nil
+			if o.Follow {
+				// Through broker restarts, with backoff (the job keeps running).
+				return followLogs(cmd.Context(), c, args[0], o, g.stdout, &reconnector{w: g.stderr, id: args[0]})
 			}
-			return err
+			return c.Logs(cmd.Context(), args[0], o, g.stdout)
 		},
 	}
 	f := cmd.Flags()

@@ -59,6 +59,15 @@ func execute(args []string, stdout, stderr io.Writer) int {
 			}
 		},
 	}
+	var showVersion bool
+	root.Flags().BoolVar(&showVersion, "version", false, "print this binary's version and the broker's")
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		if showVersion {
+			printVersion(cmd.Context(), g, false)
+			return nil
+		}
+		return cmd.Help()
+	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
@@ -77,6 +86,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), queueCmd(g), topCmd(g), billCmd(g), instancesCmd(g), burstCmd(g), budgetCmd(g), simCmd(g),
 		versionCmd(g), storeCmd(g), slurmCmd(g),
 	)
+	root.AddCommand(tokenCmd(g), configCmd(g))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := root.ExecuteContext(ctx)
@@ -86,6 +96,11 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	var ee exitError
 	if errors.As(err, &ee) {
 		return ee.code
+	}
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Ctrl-C: the shell's convention for SIGINT, and no error text.
+		fmt.Fprintln(stderr, "spillway: interrupted")
+		return 130
 	}
 	errOut := stderr
 	if !g.raw {

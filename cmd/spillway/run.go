@@ -94,17 +94,15 @@ func runCmd(g *globals) *cobra.Command {
 // process's exit status: the job's own exit code, 124 for a timeout, 130
 // when cancelled.
 func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) error {
-	lastReason := ""
+	progress := &waitProgress{w: g.stderr}
+	rc := &reconnector{w: g.stderr, id: id}
 	for {
-		j, err := c.Job(ctx, id)
+		j, err := jobRetrying(ctx, c, id, rc)
 		if err != nil {
 			return err
 		}
 		if j.State == broker.StatePending || j.State == broker.StateProvisioning {
-			if j.Pending != nil && j.Pending.Message != lastReason {
-				lastReason = j.Pending.Message
-				fmt.Fprintf(g.stderr, "spillway: %s: %s\n", j.State, lastReason)
-			}
+			progress.job(ctx, c, j)
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -112,9 +110,10 @@ func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) er
 			}
 			continue
 		}
+		progress.done(ctx, c)
 		break
 	}
-	if err := c.Logs(ctx, id, client.LogOptions{Follow: true, Tail: -1}, g.stdout); err != nil && ctx.Err() == nil {
+	if err := followLogs(ctx, c, id, client.LogOptions{Follow: true, Tail: -1}, g.stdout, rc); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("stream log: %w", err)
 	}
 	if ctx.Err() != nil {
@@ -122,7 +121,7 @@ func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) er
 	}
 	// The log ends when the job does; read its final state.
 	for {
-		j, err := c.Job(ctx, id)
+		j, err := jobRetrying(ctx, c, id, rc)
 		if err != nil {
 			return err
 		}

@@ -1,22 +1,47 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/spillway-dev/spillway/broker/client"
 	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func versionCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var clientOnly bool
+	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print the version",
+		Short: "Print this binary's version and the broker's",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(g.stdout, "spillway %s %s/%s %s\n", server.Version, runtime.GOOS, runtime.GOARCH, runtime.Version())
+			printVersion(cmd.Context(), g, clientOnly)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&clientOnly, "client", false, "this binary only; do not ask the broker")
+	return cmd
+}
+
+// printVersion prints this binary's version and, unless clientOnly, the
+// version the broker reports on /healthz (which needs no token).
+func printVersion(ctx context.Context, g *globals, clientOnly bool) {
+	fmt.Fprintf(g.stdout, "spillway %s %s/%s %s\n", server.Version, runtime.GOOS, runtime.GOARCH, runtime.Version())
+	if clientOnly {
+		return
+	}
+	url := firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), loadCLIConfig().Server, "http://127.0.0.1:8080")
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	h, err := client.New(url, "").Health(ctx)
+	if err != nil || h.Version == "" {
+		fmt.Fprintf(g.stdout, "broker %s: not reachable\n", url)
+		return
+	}
+	fmt.Fprintf(g.stdout, "broker %s: spillway %s\n", url, h.Version)
 }

@@ -1,8 +1,10 @@
 package fakecloud
 
 import (
+	"cmp"
 	"encoding/base64"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -32,6 +34,9 @@ type EC2Options struct {
 	// Capacity caps how many live instances of an instance type may exist;
 	// types not listed are unlimited.
 	Capacity map[string]int
+	// Machines, when set, runs every instance's guest with this server
+	// instead of sshd (StartEC2 outside tests).
+	Machines MachineServer
 	// BootTime is how long an instance stays pending (and prints nothing
 	// on its console); ShutdownTime how long it stays shutting-down.
 	BootTime, ShutdownTime time.Duration
@@ -46,6 +51,7 @@ type EC2 struct {
 
 	opts  EC2Options
 	fleet *fleet
+	srv   *httptest.Server // StartEC2's; tests close theirs through t.Cleanup
 
 	mu        sync.Mutex
 	instances map[string]*ec2Instance
@@ -98,6 +104,37 @@ func NewEC2(t testing.TB, opts EC2Options) *EC2 {
 	t.Cleanup(srv.Close)
 	e.URL = srv.URL
 	return e
+}
+
+// StartEC2 starts a fake EC2 endpoint on 127.0.0.1 outside a test, whose
+// machines run opts.Machines (required): `spillway dev --burst` rents
+// from it. Close ends it and its machines.
+func StartEC2(opts EC2Options) (*EC2, error) {
+	if opts.Machines == nil {
+		return nil, errors.New("fake EC2: EC2Options.Machines is required outside tests")
+	}
+	opts.Region = cmp.Or(opts.Region, "us-east-1")
+	fl, err := newServerFleet(opts.Machines)
+	if err != nil {
+		return nil, err
+	}
+	e := &EC2{
+		opts: opts, fleet: fl,
+		instances: map[string]*ec2Instance{}, tokens: map[string]string{},
+		failNext: map[string]string{}, calls: map[string]int{},
+	}
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	e.URL = e.srv.URL
+	return e, nil
+}
+
+// Close ends a fake started with StartEC2: the endpoint, then every
+// machine.
+func (e *EC2) Close() {
+	if e.srv != nil {
+		e.srv.Close()
+	}
+	e.fleet.stopAll()
 }
 
 // SSHPort is the port every instance's sshd listens on.

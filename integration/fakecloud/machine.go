@@ -86,16 +86,25 @@ type machine struct {
 	ip      string
 	hostKey ssh.PublicKey
 	sshd    *SSHHost
+	// stopServer ends a MachineServer's machine; nil otherwise.
+	stopServer func()
 }
+
+// MachineServer starts the guest of one fake machine in place of sshd: an
+// SSH server on ip:port that lets ci.AuthorizedKeys log in and presents
+// ci.HostKeyPEM. stop ends it and whatever it started.
+type MachineServer func(ip string, port int, ci CloudInit) (stop func(), err error)
 
 // fleet boots and stops the machines of one fake cloud.
 type fleet struct {
 	realSSHD bool
+	server   MachineServer
 	port     int
 	dir      string
 
-	mu   sync.Mutex
-	live []*SSHHost
+	mu      sync.Mutex
+	live    []*SSHHost
+	servers []func()
 }
 
 func newFleet(t testing.TB, realSSHD bool) *fleet {
@@ -110,6 +119,15 @@ func newFleet(t testing.TB, realSSHD bool) *fleet {
 	f := &fleet{realSSHD: realSSHD, port: port, dir: t.TempDir()}
 	t.Cleanup(f.stopAll)
 	return f
+}
+
+// newServerFleet is a fleet whose machines run server, outside tests.
+func newServerFleet(server MachineServer) (*fleet, error) {
+	port, err := FreePort("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	return &fleet{server: server, port: port}, nil
 }
 
 // boot starts a machine: an sshd on a fresh 127.0.0.x at the fleet's port
@@ -127,6 +145,18 @@ func (f *fleet) boot(ci CloudInit) (*machine, error) {
 		return nil, fmt.Errorf("parse host key from user data: %w", err)
 	}
 	m := &machine{ip: NextLoopbackIP(), hostKey: signer.PublicKey()}
+	if f.server != nil {
+		ci.HostKeyPEM = hostPEM
+		stop, err := f.server(m.ip, f.port, ci)
+		if err != nil {
+			return nil, err
+		}
+		m.stopServer = stop
+		f.mu.Lock()
+		f.servers = append(f.servers, stop)
+		f.mu.Unlock()
+		return m, nil
+	}
 	if !f.realSSHD {
 		return m, nil
 	}
@@ -152,12 +182,19 @@ func (f *fleet) stopAll() {
 		h.Stop()
 	}
 	f.live = nil
+	for _, stop := range f.servers {
+		stop()
+	}
+	f.servers = nil
 }
 
 // stop ends a machine's sshd, if it has one.
 func (m *machine) stop() {
 	if m.sshd != nil {
 		m.sshd.Stop()
+	}
+	if m.stopServer != nil {
+		m.stopServer()
 	}
 }
 

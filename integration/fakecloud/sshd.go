@@ -6,7 +6,8 @@
 // way the real cloud publishes them.
 //
 // It is test support for providers/... and for the broker's end-to-end
-// tests; nothing in production imports it.
+// tests, and the local cloud of `spillway dev --burst` (StartEC2 with
+// LocalSSH machines); the broker itself never imports it.
 package fakecloud
 
 import (

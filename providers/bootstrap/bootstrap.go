@@ -105,6 +105,14 @@ type Options struct {
 	Backoff Backoff
 	// Logger receives one line per step; slog.Default when nil.
 	Logger *slog.Logger
+	// Init, when InitSupervised, starts the agent as a supervised loop even
+	// where the probe finds systemd: for a machine shared with other work,
+	// such as the broker's own host under `spillway dev --burst`. Default:
+	// what the probe finds.
+	Init string
+	// NoSudo runs every command as the login user even when it is not
+	// root, for a remote dir the user owns.
+	NoSudo bool
 }
 
 // DefaultRemoteDir is where the agent is installed on a machine.
@@ -202,6 +210,12 @@ func run(ctx context.Context, target Target, opts Options, tr *Transcript) error
 	if err != nil {
 		tr.Phases.Upload = time.Since(t0)
 		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if opts.Init == InitSupervised {
+		probe.init = InitSupervised
+	}
+	if opts.NoSudo {
+		probe.sudo = false
 	}
 	tr.Platform, tr.Init = probe.platform, probe.init
 	bin, err := pickBinary(probe.platform, opts)

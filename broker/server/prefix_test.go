@@ -1,0 +1,64 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// TestJobIDPrefix: a unique prefix names a job as the full id does (as
+// git resolves short hashes), in any case; an ambiguous one is a 409 that
+// names the candidates; another team's jobs neither match nor show.
+func TestJobIDPrefix(t *testing.T) {
+	h := newHarness(t)
+	a := h.submit(tokAlice, oneGPU)
+	b := h.submit(tokAlice, oneGPU)
+	common := 0
+	for common < len(a.ID) && a.ID[common] == b.ID[common] {
+		common++
+	}
+	unique := a.ID[:common+1]
+	var got broker.Job
+	if code := h.do("GET", "/v1/jobs/"+strings.ToLower(unique), tokAlice, nil, &got); code != http.StatusOK || got.ID != a.ID {
+		t.Fatalf("GET prefix %s = %d %s, want %s", unique, code, got.ID, a.ID)
+	}
+	if common >= MinIDPrefix {
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		code := h.do("GET", "/v1/jobs/"+a.ID[:common], tokAlice, nil, &e)
+		if code != http.StatusConflict || !strings.Contains(e.Error.Message, a.ID) || !strings.Contains(e.Error.Message, b.ID) {
+			t.Fatalf("ambiguous prefix: %d %+v", code, e)
+		}
+	}
+	if code := h.do("POST", "/v1/jobs/"+unique+"/cancel", tokAlice, nil, &got); code != http.StatusOK || got.ID != a.ID {
+		t.Fatalf("cancel by prefix = %d %s", code, got.ID)
+	}
+	if code := h.do("GET", "/v1/jobs/"+unique, tokBob, nil, nil); code != http.StatusNotFound {
+		t.Fatalf("bob resolves alice's prefix: %d", code)
+	}
+	if code := h.do("GET", "/v1/jobs/"+a.ID[:MinIDPrefix-1], tokAlice, nil, nil); code != http.StatusNotFound {
+		t.Fatalf("a prefix shorter than %d resolved: %d", MinIDPrefix, code)
+	}
+}
+
+// TestUnsatisfiableModel: a gpuModel no node has (and no offer, with no
+// provider configured) is refused at submit with the models there are,
+// instead of waiting forever; one a node has is accepted.
+func TestUnsatisfiableModel(t *testing.T) {
+	h := newHarness(t)
+	h.agent("n1", 8)
+	var e struct {
+		Error struct{ Code, Message, Field string }
+	}
+	code := h.do("POST", "/v1/jobs", tokAlice, `{"resources": {"gpus": 1, "gpuModel": "B200"}, "timeout": "1h", "command": ["true"]}`, &e)
+	if code != http.StatusBadRequest || e.Error.Code != CodeUnsatisfiable || e.Error.Field != "resources.gpuModel" ||
+		!strings.Contains(e.Error.Message, "B200") || !strings.Contains(e.Error.Message, "H100") {
+		t.Fatalf("B200: %d %+v", code, e)
+	}
+	if j := h.submit(tokAlice, `{"resources": {"gpus": 1, "gpuModel": "h100"}, "timeout": "1h", "command": ["true"]}`); j.ID == "" {
+		t.Fatal("h100 refused")
+	}
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/spillway-dev/spillway/broker/config"
+)
+
+// TestSubmitShowsEverySpecError: a spec with several mistakes gets them
+// all at once, each with its field, not only the first.
+func TestSubmitShowsEverySpecError(t *testing.T) {
+	_, url := cliBroker(t)
+	spec := writeSpec(t, "resources: {gpus: 0}\npriority: urgent\ncommand: [\"true\"]\n")
+	_, errOut, code := runCLI(t, url, cliUser, "submit", "-f", spec)
+	if code == 0 {
+		t.Fatal("a bad spec was accepted")
+	}
+	for _, want := range []string{"2 problems", "resources.gpus", "priority"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+}
+
+// TestTokenCreateAndConfigCheck: the example config as shipped fails
+// `config check` naming each placeholder; with the entries `token create`
+// prints pasted in, it passes and the printed tokens are the ones the
+// config accepts.
+func TestTokenCreateAndConfigCheck(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := execute([]string{"config", "check", "../../deploy/spillway.example.yaml"}, &out, &errOut); code != 1 ||
+		!strings.Contains(errOut.String(), "4 problem(s)") || !strings.Contains(errOut.String(), "spillway token create --name ops") {
+		t.Fatalf("config check on the shipped example: exit %d\n%s", code, errOut.String())
+	}
+	raw, err := os.ReadFile("../../deploy/spillway.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(raw)
+	tokens := map[string]string{}
+	for _, who := range []struct{ name, role, team string }{{"alice", "user", "nlp"}, {"ops", "operator", ""}, {"finance", "finance", ""}, {"agents", "agent", ""}} {
+		args := []string{"token", "create", "--name", who.name, "--role", who.role}
+		if who.team != "" {
+			args = append(args, "--team", who.team)
+		}
+		out.Reset()
+		if code := execute(args, &out, &errOut); code != 0 {
+			t.Fatalf("token create %s: %d %s", who.name, code, errOut.String())
+		}
+		m := regexp.MustCompile(`(?m)^token: +([0-9a-f]{48})\ntokenSHA256: +([0-9a-f]{64})$`).FindStringSubmatch(out.String())
+		if m == nil || !strings.Contains(out.String(), "tokenSHA256: "+m[2]+"}") {
+			t.Fatalf("token create printed:\n%s", out.String())
+		}
+		tokens[who.name] = m[1]
+		body = strings.Replace(body, "tokenSHA256: "+config.Placeholder, "tokenSHA256: "+m[2], 1)
+	}
+	p := filepath.Join(t.TempDir(), "spillway.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := execute([]string{"config", "check", p}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "ok") {
+		t.Fatalf("config check on the filled example: %d\n%s%s", code, out.String(), errOut.String())
+	}
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"alice", "ops", "finance", "agents"} {
+		if !cfg.Auth.Tokens[i].Matches(tokens[name]) || cfg.Auth.Tokens[i].Matches(tokens["alice"]+"x") {
+			t.Errorf("token of %s does not match its entry", name)
+		}
+	}
+	if code := execute([]string{"token", "create", "--name", "bob"}, &out, &errOut); code == 0 {
+		t.Error("a user token without --team was created")
+	}
+}
+
+// TestBurstPlanSaysNoProvider: with no provider configured, burst plan
+// says so and where to start, instead of "0 offer(s)" alone.
+func TestBurstPlanSaysNoProvider(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliAdmin, "burst", "plan")
+	if code != 0 || !strings.Contains(out, "No provider is configured") || !strings.Contains(out, "spillway dev --burst") {
+		t.Fatalf("burst plan: %d\n%s%s", code, out, errOut)
+	}
+}

@@ -1,0 +1,67 @@
+package aws_test
+
+import (
+	"encoding/json"
+	"os"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/spillway-dev/spillway/providers/aws"
+)
+
+// TestIAMPolicyMatchesCalls: the IAM policy users paste
+// (deploy/aws/iam-policy.json, shown verbatim in docs/providers.md) allows
+// exactly the EC2 actions the adapter calls — the methods of its narrow
+// API interface — plus ec2:CreateTags only as part of RunInstances (tags
+// at launch). No pricing action: offers are priced in the config.
+func TestIAMPolicyMatchesCalls(t *testing.T) {
+	raw, err := os.ReadFile("../../deploy/aws/iam-policy.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../../docs/providers.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "```json\n"+string(raw)+"```\n") {
+		t.Error("docs/providers.md does not show deploy/aws/iam-policy.json verbatim in a ```json block")
+	}
+	var policy struct {
+		Statement []struct {
+			Effect    string
+			Action    []string
+			Condition map[string]map[string]string
+		}
+	}
+	if err := json.Unmarshal(raw, &policy); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range policy.Statement {
+		if s.Effect != "Allow" {
+			t.Errorf("statement with effect %q", s.Effect)
+		}
+		for _, a := range s.Action {
+			got = append(got, a)
+			if a == "ec2:CreateTags" && s.Condition["StringEquals"]["ec2:CreateAction"] != "RunInstances" {
+				t.Error("ec2:CreateTags is allowed beyond RunInstances")
+			}
+			if strings.Contains(a, "*") {
+				t.Errorf("wildcard action %s", a)
+			}
+		}
+	}
+	api := reflect.TypeOf((*aws.API)(nil)).Elem()
+	want := []string{"ec2:CreateTags"}
+	for i := range api.NumMethod() {
+		want = append(want, "ec2:"+api.Method(i).Name)
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("policy actions %v, the adapter calls %v", got, want)
+	}
+}
