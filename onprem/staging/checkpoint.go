@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/spillway-dev/spillway/onprem/staging/location"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/spillway-dev/spillway/onprem/staging/location"
 )
 
 // Checkpoint layout under checkpoint.to (a prefix):

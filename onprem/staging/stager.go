@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/spillway-dev/spillway/onprem/staging/location"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/spillway-dev/spillway/onprem/staging/location"
 )
 
 // Input is one thing a job reads: an object or a prefix, placed at To
