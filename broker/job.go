@@ -137,6 +137,13 @@ type Job struct {
 	// threshold for longer than the idle window: since when.
 	IdleSince *time.Time `json:"idleSince,omitempty"`
 
+	// Data is the staging of the current attempt (inputs, checkpoint,
+	// outputs); CheckpointStep is the step the job last reported saved
+	// (POST /v1/jobs/{id}/checkpoint); DataWait flags GPUs waiting on data.
+	Data           *JobData  `json:"data,omitempty"`
+	CheckpointStep *int64    `json:"checkpointStep,omitempty"`
+	DataWait       *DataWait `json:"dataWait,omitempty"`
+
 	History []Transition `json:"history"`
 }
 

@@ -145,3 +145,56 @@ func (s *Spec) validateData(ve *ValidationError, lim SpecLimits) {
 		ve.add("checkpoint.interval", CodeOutOfRange, "must be between 1m and 168h, got %s", c.Interval)
 	}
 }
+
+// JobData is what the agent reported of the staging of a job's current
+// attempt. It is replaced, never changed in place, so clones may share it.
+type JobData struct {
+	Attempt int `json:"attempt"`
+	// Phase is restore | inputs | running | checkpoint | outputs | done.
+	Phase string `json:"phase"`
+	// Done and Total are the bytes of the phase.
+	Done  int64 `json:"done,omitempty"`
+	Total int64 `json:"total,omitempty"`
+	// Spans are the stretches spent staging (metered as staging).
+	Spans []DataSpan `json:"spans,omitempty"`
+	// Restored is the checkpoint the attempt started from.
+	Restored string `json:"restored,omitempty"`
+	// Checkpoint is the newest checkpoint the attempt committed.
+	Checkpoint   string     `json:"checkpoint,omitempty"`
+	CheckpointAt *time.Time `json:"checkpointAt,omitempty"`
+	// InputBytes and CacheHitBytes: the inputs and the part the node's
+	// cache held.
+	InputBytes    int64  `json:"inputBytes,omitempty"`
+	CacheHitBytes int64  `json:"cacheHitBytes,omitempty"`
+	Error         string `json:"error,omitempty"`
+}
+
+// DataSpan is a stretch of staging time; an open one has no End.
+type DataSpan struct {
+	Start time.Time  `json:"start"`
+	End   *time.Time `json:"end,omitempty"`
+}
+
+// DataWait says a job's GPUs wait on its data: compute stayed low while
+// the job read from storage.
+type DataWait struct {
+	Since time.Time `json:"since"`
+	Last  time.Time `json:"last"`
+	// ReadBytesPerSec and SMUtil are the latest readings.
+	ReadBytesPerSec int64 `json:"readBytesPerSec"`
+	SMUtil          int   `json:"smUtil"`
+	// Active is false once the job computes again (kept for reports).
+	Active bool `json:"active"`
+}
+
+// NodeCache is a node's input cache, as its agent reports it.
+type NodeCache struct {
+	Bytes     int64 `json:"bytes"`
+	CapBytes  int64 `json:"capBytes"`
+	Objects   int   `json:"objects"`
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Evictions int64 `json:"evictions"`
+	// HitRatio is hits over lookups.
+	HitRatio float64 `json:"hitRatio"`
+}
