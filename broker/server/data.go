@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
@@ -335,3 +337,96 @@ func formatBytes(b int64) string {
 }
 
 func trimZero(s string) string { return strings.TrimSuffix(s, ".0") }
+
+// dataCollector exports the node caches and the jobs staging or waiting
+// on data, read from memory at scrape time.
+type dataCollector struct{ s *Server }
+
+var (
+	descCacheHitRatio = prometheus.NewDesc("spillway_node_cache_hit_ratio", "Input-cache hits over lookups on each node since its agent started.", []string{"node"}, nil)
+	descCacheBytes    = prometheus.NewDesc("spillway_node_cache_bytes", "Bytes held in each node's input cache.", []string{"node"}, nil)
+	descCacheCap      = prometheus.NewDesc("spillway_node_cache_capacity_bytes", "Each node's input-cache size cap.", []string{"node"}, nil)
+	descCacheEvicted  = prometheus.NewDesc("spillway_node_cache_evictions", "Objects evicted from each node's input cache since its agent started.", []string{"node"}, nil)
+	descDataWait      = prometheus.NewDesc("spillway_jobs_waiting_on_data", "Running jobs whose GPUs wait on data (low compute while reading from storage), by queue.", []string{"queue"}, nil)
+	descStaging       = prometheus.NewDesc("spillway_jobs_staging", "Jobs holding GPUs while their data is staged, by queue.", []string{"queue"}, nil)
+)
+
+func (c *dataCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descCacheHitRatio, descCacheBytes, descCacheCap, descCacheEvicted, descDataWait, descStaging} {
+		ch <- d
+	}
+}
+
+func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.nodes {
+		if n.Cache == nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descCacheHitRatio, prometheus.GaugeValue, n.Cache.HitRatio, n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheBytes, prometheus.GaugeValue, float64(n.Cache.Bytes), n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheCap, prometheus.GaugeValue, float64(n.Cache.CapBytes), n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheEvicted, prometheus.GaugeValue, float64(n.Cache.Evictions), n.Name)
+	}
+	waiting, staging := map[string]int{}, map[string]int{}
+	for _, q := range s.cfg.Queues {
+		waiting[q.Name], staging[q.Name] = 0, 0
+	}
+	for _, j := range s.jobs {
+		if !j.State.Holding() {
+			continue
+		}
+		if j.DataWait != nil && j.DataWait.Active {
+			waiting[j.Spec.Queue]++
+		}
+		if d := j.Data; d != nil && d.Attempt == j.Attempt && d.Phase != agentapi.PhaseRunning && d.Phase != agentapi.PhaseDone {
+			staging[j.Spec.Queue]++
+		}
+	}
+	for q, n := range waiting {
+		ch <- prometheus.MustNewConstMetric(descDataWait, prometheus.GaugeValue, float64(n), q)
+		ch <- prometheus.MustNewConstMetric(descStaging, prometheus.GaugeValue, float64(staging[q]), q)
+	}
+}
+
+// DataWaitJob is a job of the utilisation report whose GPUs waited on
+// data: low compute while it read from storage.
+type DataWaitJob struct {
+	Job             string    `json:"job"`
+	Team            string    `json:"team"`
+	Since           time.Time `json:"since"`
+	Last            time.Time `json:"last"`
+	Active          bool      `json:"active"`
+	SMUtil          int       `json:"smUtil"`
+	ReadBytesPerSec int64     `json:"readBytesPerSec"`
+	// Flag and Hint are for people: "GPU waits on data" and what to do.
+	Flag string `json:"flag"`
+	Hint string `json:"hint"`
+}
+
+const dataWaitHint = "stage the data as inputs with cache: true so it is read from the node's local cache; more data-loader workers or prefetching also help"
+
+// dataWaits lists the jobs the broker holds whose data wait overlaps the
+// period (of one team, or all when team is empty), longest first.
+func (s *Server) dataWaits(p billing.Period, team string) []DataWaitJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []DataWaitJob{}
+	for _, j := range s.jobs {
+		w := j.DataWait
+		if w == nil || (team != "" && j.Spec.Team != team) || !w.Last.After(p.From) || !w.Since.Before(p.To) {
+			continue
+		}
+		out = append(out, DataWaitJob{Job: j.ID, Team: j.Spec.Team, Since: w.Since, Last: w.Last, Active: w.Active, SMUtil: w.SMUtil,
+			ReadBytesPerSec: w.ReadBytesPerSec, Flag: "GPU waits on data", Hint: dataWaitHint})
+	}
+	slices.SortFunc(out, func(a, b DataWaitJob) int {
+		if da, db := a.Last.Sub(a.Since), b.Last.Sub(b.Since); da != db {
+			return cmp.Compare(db, da)
+		}
+		return strings.Compare(a.Job, b.Job)
+	})
+	return out
+}

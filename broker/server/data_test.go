@@ -167,6 +167,13 @@ func TestGPUWaitsOnDataIsFlagged(t *testing.T) {
 	if x.Verdict.Code != VerdictDataWait || !strings.Contains(x.Verdict.Sentence, "GPU waits on data") || !strings.Contains(x.Verdict.Sentence, "cache") {
 		t.Fatalf("verdict %+v", x.Verdict)
 	}
+	var rep2 UtilizationReport
+	if code := h.do("GET", "/v1/reports/utilization?from="+h.clock.Now().Add(-time.Hour).UTC().Format(time.RFC3339)+"&to="+h.clock.Now().Add(time.Hour).UTC().Format(time.RFC3339), tokAdmin, nil, &rep2); code != http.StatusOK {
+		t.Fatalf("report: %d", code)
+	}
+	if len(rep2.DataWaits) != 1 || rep2.DataWaits[0].Job != j.ID || rep2.DataWaits[0].Flag != "GPU waits on data" || !strings.Contains(rep2.DataWaits[0].Hint, "cache") {
+		t.Fatalf("report data waits %+v", rep2.DataWaits)
+	}
 	// Computing again clears it.
 	util = 90
 	for i := 0; i < 5; i++ {
