@@ -362,13 +362,15 @@ func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, n := range s.nodes {
-		if n.Cache == nil {
-			continue
+		// A node whose agent has staged nothing yet reports an empty cache.
+		c := broker.NodeCache{}
+		if n.Cache != nil {
+			c = *n.Cache
 		}
-		ch <- prometheus.MustNewConstMetric(descCacheHitRatio, prometheus.GaugeValue, n.Cache.HitRatio, n.Name)
-		ch <- prometheus.MustNewConstMetric(descCacheBytes, prometheus.GaugeValue, float64(n.Cache.Bytes), n.Name)
-		ch <- prometheus.MustNewConstMetric(descCacheCap, prometheus.GaugeValue, float64(n.Cache.CapBytes), n.Name)
-		ch <- prometheus.MustNewConstMetric(descCacheEvicted, prometheus.GaugeValue, float64(n.Cache.Evictions), n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheHitRatio, prometheus.GaugeValue, c.HitRatio, n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheBytes, prometheus.GaugeValue, float64(c.Bytes), n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheCap, prometheus.GaugeValue, float64(c.CapBytes), n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheEvicted, prometheus.GaugeValue, float64(c.Evictions), n.Name)
 	}
 	waiting, staging := map[string]int{}, map[string]int{}
 	for _, q := range s.cfg.Queues {

@@ -60,6 +60,9 @@ type S3Config struct {
 	// (environment, shared config, instance role).
 	AccessKeyEnv string `json:"accessKeyEnv,omitempty"`
 	SecretKeyEnv string `json:"secretKeyEnv,omitempty"`
+	// CredentialsFile is a shared credentials file (the format of
+	// ~/.aws/credentials) to read instead of the default locations.
+	CredentialsFile string `json:"credentialsFile,omitempty"`
 }
 
 // GCSEndpoint is Google Cloud Storage's S3-compatible XML API.
@@ -78,6 +81,9 @@ func NewS3(ctx context.Context, c S3Config) (Store, error) {
 			return nil, fmt.Errorf("staging: %s and %s must both be set", c.AccessKeyEnv, c.SecretKeyEnv)
 		}
 		opts = append(opts, awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(ak, sk, "")))
+	}
+	if c.CredentialsFile != "" {
+		opts = append(opts, awsconfig.WithSharedCredentialsFiles([]string{c.CredentialsFile}), awsconfig.WithSharedConfigProfile("default"))
 	}
 	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"regexp"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/spillway-dev/spillway/onprem/staging"
 )
 
 // AgentConfig is the agent's config file, written as YAML to the machine
@@ -33,6 +35,8 @@ type AgentConfig struct {
 	DataDir string `json:"dataDir"`
 	// Labels are attached to the node: pool, instance, provider, …
 	Labels map[string]string `json:"labels,omitempty"`
+	// Data is the agent's object-store access and input cache.
+	Data *staging.Config `json:"data,omitempty"`
 }
 
 var (
