@@ -203,3 +203,36 @@ func TestDataWaitStep(t *testing.T) {
 		t.Fatal("waiting carried to a new attempt")
 	}
 }
+
+// TestAReportedCheckpointMakesTheCheaperVictim: two equal low jobs share a
+// node; one reports "checkpoint saved at step N" with its job token. A
+// high job that needs one card preempts that one: it loses the least work.
+func TestAReportedCheckpointMakesTheCheaperVictim(t *testing.T) {
+	h := dataHarness(t)
+	a := h.agent("n1", 2)
+	spec := `{"resources": {"gpus": 1}, "priority": "low", "preemptible": true, "timeout": "4h", "command": ["train"]}`
+	j1 := h.submit(tokAlice, spec)
+	j2 := h.submit(tokAlice, spec)
+	h.cycle()
+	resp := a.sync()
+	if len(resp.Start) != 2 {
+		t.Fatalf("starts %+v", resp.Start)
+	}
+	h.advance(10*time.Minute, a)
+	for _, as := range resp.Start {
+		if as.Job == j2.ID {
+			if code := h.do("POST", "/v1/jobs/"+j2.ID+"/checkpoint", as.Env["SPILLWAY_JOB_TOKEN"], `{"step": 5000}`, nil); code != http.StatusOK {
+				t.Fatalf("checkpoint report: %d", code)
+			}
+		}
+	}
+	h.advance(time.Minute, a)
+	h.submit(tokBob, `{"resources": {"gpus": 1}, "priority": "high", "timeout": "1h", "command": ["urgent"]}`)
+	h.cycle()
+	if got := h.job(j2.ID); got.Stop == nil || got.Stop.Reason != "preempted" {
+		t.Fatalf("the job that checkpointed a minute ago was not the victim: %+v", got.Stop)
+	}
+	if got := h.job(j1.ID); got.Stop != nil {
+		t.Fatalf("the job with 11 minutes of unsaved work was stopped: %+v", got.Stop)
+	}
+}
