@@ -23,7 +23,7 @@ import (
 // the detection of GPUs that wait on data.
 
 // dataAssignment is the staging order for one attempt on one rank. Only
-// rank 0 uploads outputs; every rank restores the checkpoint.
+// rank 0 uploads outputs and the checkpoint; every rank restores it.
 func dataAssignment(j *broker.Job, rank int) *agentapi.Data {
 	sp := j.Spec
 	if !sp.HasData() {
@@ -39,7 +39,7 @@ func dataAssignment(j *broker.Job, rank int) *agentapi.Data {
 		}
 	}
 	if c := sp.Checkpoint; c.To != "" {
-		d.Checkpoint = &agentapi.DataCheckpoint{Dir: c.Dir, To: c.To, Keep: c.Keep, Interval: c.Interval.D()}
+		d.Checkpoint = &agentapi.DataCheckpoint{Dir: c.Dir, To: c.To, Keep: c.Keep, Interval: c.Interval.D(), RestoreOnly: rank > 0}
 	}
 	return d
 }

@@ -198,7 +198,7 @@ func (ag *Agent) stage(ctx context.Context, r *run, workdir string) ([]string, s
 // syncEvery uploads the checkpoint every interval while the job runs.
 func (ag *Agent) syncEvery(r *run, workdir string) {
 	c := r.a.Data.Checkpoint
-	if c == nil || c.Interval <= 0 {
+	if c == nil || c.Interval <= 0 || c.RestoreOnly {
 		return
 	}
 	t := time.NewTicker(c.Interval)
@@ -245,7 +245,7 @@ func (ag *Agent) finishData(r *run, workdir string, code int, sig string) {
 	r.mu.Lock()
 	stopping, stopReason := r.stopping, r.stopReason
 	r.mu.Unlock()
-	if c := r.a.Data.Checkpoint; c != nil && (stopping || code != 0 || sig != "") {
+	if c := r.a.Data.Checkpoint; c != nil && !c.RestoreOnly && (stopping || code != 0 || sig != "") {
 		r.setPhase(agentapi.PhaseCheckpoint)
 		ag.syncCheckpoint(r, workdir)
 	}

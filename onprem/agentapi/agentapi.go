@@ -158,6 +158,8 @@ type DataCheckpoint struct {
 	To       string        `json:"to"`
 	Keep     int           `json:"keep"`
 	Interval time.Duration `json:"interval,omitempty"`
+	// RestoreOnly: restore, but leave uploads to rank 0 of a gang.
+	RestoreOnly bool `json:"restoreOnly,omitempty"`
 }
 
 // Staging phases of an attempt.
