@@ -168,3 +168,22 @@ func TestParseReadBytes(t *testing.T) {
 		t.Fatal("unexpected")
 	}
 }
+
+func TestTheCheckpointIsUploadedOnItsIntervalWhileTheJobRuns(t *testing.T) {
+	r, srv := newDataRig(t)
+	r.assignData("tick", 1, &agentapi.Data{Checkpoint: &agentapi.DataCheckpoint{Dir: "ckpt", To: "s3://data/ckpt/tick/", Keep: 2, Interval: 100 * time.Millisecond}},
+		`mkdir -p ckpt; i=0; while :; do i=$((i+1)); echo $i > ckpt/step; sleep 0.05; done`)
+	ref := agentapi.JobRef{Job: "tick", Attempt: 1}
+	r.waitFor("a checkpoint uploaded while running", func() bool {
+		rep, ok := r.reportOf(ref)
+		return ok && rep.State == agentapi.RunRunning && rep.Data != nil && rep.Data.Checkpoint != ""
+	})
+	out, err := srv.Client().ListObjectsV2(t.Context(), &s3.ListObjectsV2Input{Bucket: aws.String("data"), Prefix: aws.String("ckpt/tick/")})
+	if err != nil || len(out.Contents) == 0 {
+		t.Fatalf("nothing under ckpt/tick/: %v", err)
+	}
+	r.fb.mu.Lock()
+	r.fb.stops = append(r.fb.stops, agentapi.StopOrder{JobRef: ref, Signal: "SIGKILL", Reason: "cancelled"})
+	r.fb.mu.Unlock()
+	r.waitFor("the end", func() bool { rep, ok := r.reportOf(ref); return ok && rep.State != agentapi.RunRunning })
+}
