@@ -26,6 +26,9 @@ type Cache struct {
 	dir string
 	cap int64
 	now func() time.Time
+	// createTemp makes the file an object is written to (os.CreateTemp;
+	// tests swap in a full disk).
+	createTemp func(dir, pattern string) (*os.File, error)
 
 	mu      sync.Mutex
 	entries map[string]*cacheEntry
@@ -66,7 +69,7 @@ func (s CacheStats) HitRatio() float64 {
 
 // OpenCache opens (or creates) the cache in dir holding at most capBytes.
 func OpenCache(dir string, capBytes int64) (*Cache, error) {
-	c := &Cache{dir: dir, cap: capBytes, now: time.Now, entries: map[string]*cacheEntry{}, pins: map[string]int{}}
+	c := &Cache{dir: dir, cap: capBytes, now: time.Now, createTemp: os.CreateTemp, entries: map[string]*cacheEntry{}, pins: map[string]int{}}
 	if err := os.MkdirAll(filepath.Join(dir, "blobs"), 0o750); err != nil {
 		return nil, fmt.Errorf("staging: cache dir: %w", err)
 	}
@@ -187,7 +190,7 @@ func (c *Cache) evictLocked(need int64) {
 // evicts every unpinned entry and reports errFull so the caller can fetch
 // around the cache.
 func (c *Cache) fill(key string, size int64, open func() (io.ReadCloser, error), progress func(int64)) (string, error) {
-	tmp, err := os.CreateTemp(filepath.Join(c.dir, "tmp"), key[:16]+"-*")
+	tmp, err := c.createTemp(filepath.Join(c.dir, "tmp"), key[:16]+"-*")
 	if err != nil {
 		return "", err
 	}
