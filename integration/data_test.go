@@ -181,6 +181,17 @@ while :; do sleep 0.1; done`, bin)
 		t.Fatalf("the cloud attempt restored no checkpoint: %+v", got.Data)
 	}
 
+	status, _, _ := c.cli(tokAlice, "status", low.ID)
+	for _, want := range []string{"resumed from checkpoint", "inputs 0.0 GB", "saved at step 42"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("spillway status lacks %q:\n%s", want, status)
+		}
+	}
+	nodesOut, _, _ := c.cli(tokAdmin, "nodes")
+	if !strings.Contains(nodesOut, "hit ratio") {
+		t.Errorf("spillway nodes shows no cache:\n%s", nodesOut)
+	}
+
 	// The ledger: staging overhead, on-prem and cloud GPU-hours of the job.
 	deadline := time.Now().Add(30 * time.Second)
 	var byKind map[string]int64
