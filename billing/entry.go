@@ -21,6 +21,11 @@ const (
 	// bootstrap, idle and drain. It is charged to the overhead account or
 	// to the team whose demand started the machine (OverheadPolicy).
 	KindOverhead Kind = "overhead"
+	// KindStaging is GPU-time a job held while its agent staged data
+	// (fetching inputs, restoring or uploading a checkpoint, uploading
+	// outputs) rather than computed. Like usage it is charged to the job's
+	// team, but finance sees it apart from compute.
+	KindStaging Kind = "staging"
 )
 
 // PoolKind says who owns the GPUs an entry charges for.
@@ -235,8 +240,8 @@ func (e Entry) Validate() error {
 		return bad("start", "times must be UTC")
 	case !e.Start.Equal(e.Start.Truncate(time.Millisecond)) || !e.End.Equal(e.End.Truncate(time.Millisecond)):
 		return bad("start", "times must be whole milliseconds")
-	case e.Kind != KindUsage && e.Kind != KindOverhead:
-		return bad("kind", "%q is not usage or overhead", e.Kind)
+	case e.Kind != KindUsage && e.Kind != KindOverhead && e.Kind != KindStaging:
+		return bad("kind", "%q is not usage, staging or overhead", e.Kind)
 	case !e.Pool.Kind.valid():
 		return bad("pool.kind", "%q is not onprem, cloud or lease", e.Pool.Kind)
 	case e.Pool.ResourceID() == "":
@@ -245,8 +250,8 @@ func (e Entry) Validate() error {
 		return bad("pool", "overhead is charged for burst machines only, by instance id")
 	case e.Team == "":
 		return bad("team", "empty")
-	case e.Kind == KindUsage && e.Job == "":
-		return bad("job", "usage needs a job")
+	case (e.Kind == KindUsage || e.Kind == KindStaging) && e.Job == "":
+		return bad("job", "%s needs a job", e.Kind)
 	case e.GPUModel == "":
 		return bad("gpuModel", "empty")
 	case e.GPUMillis < 0:

@@ -123,6 +123,52 @@ type Allocation struct {
 	// Util is the allocation's telemetry, ordered by At. Samples before the
 	// metered window are only needed for the one in force at its start.
 	Util []UtilSample
+	// Staging are the stretches in which the job's agent staged data
+	// instead of running the job; their GPU-time is metered as
+	// KindStaging. An open span (zero End) lasts until the allocation's
+	// end.
+	Staging []Span
+}
+
+// Span is a stretch of time [Start, End); a zero End is open.
+type Span struct {
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end,omitempty"`
+}
+
+// splitStaging cuts [s, e) into the parts inside and outside the staging
+// spans, in order.
+func splitStaging(s, e time.Time, spans []Span, fn func(s, e time.Time, staging bool)) {
+	for t := s; t.Before(e); {
+		inside, coverEnd, nextStart := false, t, e
+		for _, sp := range spans {
+			ss, se := utcMilli(sp.Start), e
+			if !sp.End.IsZero() {
+				se = utcMilli(sp.End)
+			}
+			switch {
+			case !se.After(ss):
+			case !ss.After(t) && se.After(t):
+				inside = true
+				coverEnd = maxTime(coverEnd, se)
+			case ss.After(t) && ss.Before(nextStart):
+				nextStart = ss
+			}
+		}
+		next := nextStart
+		if inside {
+			next = minTime(coverEnd, e)
+		}
+		fn(t, next, inside)
+		t = next
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // ShareMilli is the thousandths of a card a job holds when it asks for
@@ -243,34 +289,40 @@ func Meter(cfg MeterConfig, in MeterInput) MeterResult {
 		start := maxTime(utcMilli(a.Start), from)
 		end := meterEnd(a.End, now, through)
 		var noRate bool
-		forEachPiece(start, end, slice, prices, func(s, e time.Time) {
-			rate, ok := prices.At(s)
+		forEachPiece(start, end, slice, prices, func(ps, pe time.Time) {
+			rate, ok := prices.At(ps)
 			noRate = noRate || !ok
-			gpuMillis := divRound(e.Sub(s).Milliseconds()*a.GPUMilli, 1000)
-			ent := Entry{
-				ID:           DeriveID(KindUsage, a.Job, a.Attempt, a.Pool.ResourceID(), s),
-				Start:        s,
-				End:          e,
-				Kind:         KindUsage,
-				Team:         a.Team,
-				Project:      a.Project,
-				User:         a.User,
-				Job:          a.Job,
-				Attempt:      a.Attempt,
-				Queue:        a.Queue,
-				Pool:         a.Pool,
-				GPUModel:     a.GPUModel,
-				Spot:         a.Spot,
-				GPUMillis:    gpuMillis,
-				Rate:         rate,
-				Cost:         CostOf(rate, gpuMillis),
-				Currency:     cfg.Currency,
-				UtilPermille: meanUtil(a.Util, s, e),
-			}
-			res.Entries = append(res.Entries, ent)
-			if m != nil {
-				usageOn[m.Pool.InstanceID] = append(usageOn[m.Pool.InstanceID], ent)
-			}
+			splitStaging(ps, pe, a.Staging, func(s, e time.Time, staging bool) {
+				kind := KindUsage
+				if staging {
+					kind = KindStaging
+				}
+				gpuMillis := divRound(e.Sub(s).Milliseconds()*a.GPUMilli, 1000)
+				ent := Entry{
+					ID:           DeriveID(kind, a.Job, a.Attempt, a.Pool.ResourceID(), s),
+					Start:        s,
+					End:          e,
+					Kind:         kind,
+					Team:         a.Team,
+					Project:      a.Project,
+					User:         a.User,
+					Job:          a.Job,
+					Attempt:      a.Attempt,
+					Queue:        a.Queue,
+					Pool:         a.Pool,
+					GPUModel:     a.GPUModel,
+					Spot:         a.Spot,
+					GPUMillis:    gpuMillis,
+					Rate:         rate,
+					Cost:         CostOf(rate, gpuMillis),
+					Currency:     cfg.Currency,
+					UtilPermille: meanUtil(a.Util, s, e),
+				}
+				res.Entries = append(res.Entries, ent)
+				if m != nil {
+					usageOn[m.Pool.InstanceID] = append(usageOn[m.Pool.InstanceID], ent)
+				}
+			})
 		})
 		if noRate {
 			res.Problems = append(res.Problems, fmt.Errorf("meter job %s attempt %d on %s (%s): %w; metered at 0",

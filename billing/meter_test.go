@@ -332,3 +332,36 @@ func TestMeterConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestStagingTimeIsMeteredApartFromCompute(t *testing.T) {
+	a := alloc("j1").a
+	a.End = at(10 * time.Minute)
+	// 90 s of inputs at the start, 30 s of outputs at the end (open span).
+	a.Staging = []billing.Span{{Start: t0, End: at(90 * time.Second)}, {Start: at(570 * time.Second)}}
+	res := billing.Meter(meterConfig(), billing.MeterInput{Now: at(time.Hour), Allocations: []billing.Allocation{a}})
+	if len(res.Problems) > 0 {
+		t.Fatal(res.Problems)
+	}
+	var staging, usage int64
+	for _, e := range res.Entries {
+		if err := e.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		switch e.Kind {
+		case billing.KindStaging:
+			staging += e.GPUMillis
+		case billing.KindUsage:
+			usage += e.GPUMillis
+		}
+	}
+	if staging != 120_000 || usage != 480_000 {
+		t.Fatalf("staging %d usage %d GPU-ms", staging, usage)
+	}
+	// Metering the same window again derives the same ids.
+	again := billing.Meter(meterConfig(), billing.MeterInput{Now: at(time.Hour), Allocations: []billing.Allocation{a}})
+	for i := range res.Entries {
+		if res.Entries[i].ID != again.Entries[i].ID {
+			t.Fatal("ids differ between runs")
+		}
+	}
+}

@@ -141,6 +141,12 @@ type Job struct {
 	// index there (SPILLWAY_ARRAY_INDEX); both empty for a plain job.
 	ArrayID    string `json:"arrayId,omitempty"`
 	ArrayIndex *int   `json:"arrayIndex,omitempty"`
+	// Data is the staging of the current attempt (inputs, checkpoint,
+	// outputs); CheckpointStep is the step the job last reported saved
+	// (POST /v1/jobs/{id}/checkpoint); DataWait flags GPUs waiting on data.
+	Data           *JobData  `json:"data,omitempty"`
+	CheckpointStep *int64    `json:"checkpointStep,omitempty"`
+	DataWait       *DataWait `json:"dataWait,omitempty"`
 
 	History []Transition `json:"history"`
 }

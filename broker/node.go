@@ -44,6 +44,8 @@ type Node struct {
 	LastSeen     time.Time `json:"lastSeen"`
 	AgentVersion string    `json:"agentVersion,omitempty"`
 	Address      string    `json:"address,omitempty"`
+	// Cache is the node's input cache (docs/data.md).
+	Cache *NodeCache `json:"cache,omitempty"`
 }
 
 // HealthyGPUs returns the cards the scheduler may use.

@@ -72,6 +72,10 @@ type Spec struct {
 	// Array makes one submit into one job per index ("0-999", "1,3,5-7",
 	// "0-15:4"); each job gets its index in SPILLWAY_ARRAY_INDEX.
 	Array string `json:"array,omitempty"`
+	// Inputs are fetched before the job starts and Outputs uploaded after
+	// it ends; see docs/data.md.
+	Inputs  []Input  `json:"inputs,omitempty"`
+	Outputs []Output `json:"outputs,omitempty"`
 }
 
 // Resources is what a job needs on each node.
@@ -92,6 +96,14 @@ type Resources struct {
 type Checkpoint struct {
 	Signal string   `json:"signal,omitempty"`
 	Grace  Duration `json:"grace,omitempty"`
+	// Dir is where the job writes its checkpoint; To is the object-store
+	// prefix it is synced to after Signal and Grace, and every Interval,
+	// and restored from before a resumed attempt; Keep is how many
+	// committed checkpoints stay there. See docs/data.md.
+	Dir      string   `json:"dir,omitempty"`
+	To       string   `json:"to,omitempty"`
+	Keep     int      `json:"keep,omitempty"`
+	Interval Duration `json:"interval,omitempty"`
 }
 
 // QueueLimits is what validation needs to know about one queue.
@@ -113,6 +125,9 @@ type SpecLimits struct {
 	MaxGPUMemory int64
 	// MaxNodes bounds gang size.
 	MaxNodes int
+	// Buckets lists, per team, the object-store locations its jobs may
+	// read and write (inputs, outputs, checkpoint.to).
+	Buckets map[string][]string
 }
 
 // Signals a job may ask for as its checkpoint signal.
@@ -184,6 +199,7 @@ func (s *Spec) Normalize(callerTeam string, lim SpecLimits) {
 	if s.Name == "" && len(s.Command) > 0 {
 		s.Name = NameFromCommand(s.Command)
 	}
+	s.normalizeData()
 }
 
 // NameFromCommand makes a job name from argv[0] ("python" for
@@ -335,6 +351,7 @@ func (s *Spec) Validate(lim SpecLimits) error {
 			checkText(ve, "workdir", s.Workdir, maxPathLen)
 		}
 	}
+	s.validateData(ve, lim)
 	return ve.err()
 }
 

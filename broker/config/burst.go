@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/onprem/staging"
 	"github.com/spillway-dev/spillway/providers/aws"
 	"github.com/spillway-dev/spillway/providers/gcp"
 	"github.com/spillway-dev/spillway/providers/lease"
@@ -52,6 +53,10 @@ type Burst struct {
 	AgentSudo string `json:"agentSudo,omitempty"`
 	// AgentDataDir is the agent's data dir on the machine.
 	AgentDataDir string `json:"agentDataDir,omitempty"`
+	// AgentData is the object-store access and input cache of burst
+	// agents (docs/data.md); empty: the machine's credential chain (its
+	// instance role) and AWS endpoints.
+	AgentData *staging.Config `json:"agentData,omitempty"`
 	// RemoteDir is where the binary and agent config go on the machine.
 	RemoteDir string `json:"remoteDir,omitempty"`
 	// Binaries maps "os/arch" to a spillway binary for machines of another

@@ -219,6 +219,10 @@ type Team struct {
 	Quota *Quota `json:"quota,omitempty"`
 	// Projects caps projects inside the team.
 	Projects []Project `json:"projects,omitempty"`
+	// Buckets are the object-store locations the team's jobs may read and
+	// write: "s3://bucket", "s3://bucket/prefix/", "gs://bucket",
+	// "https://host", or "*" for any (docs/data.md).
+	Buckets []string `json:"buckets,omitempty"`
 }
 
 // Quota is a guaranteed number of GPUs and how many more may be borrowed
@@ -637,6 +641,14 @@ func (c *Config) SpecLimits() broker.SpecLimits {
 	}
 	for _, p := range c.Priorities {
 		lim.Priorities = append(lim.Priorities, p.Name)
+	}
+	for _, t := range c.Teams {
+		if len(t.Buckets) > 0 {
+			if lim.Buckets == nil {
+				lim.Buckets = map[string][]string{}
+			}
+			lim.Buckets[t.Name] = t.Buckets
+		}
 	}
 	return lim
 }

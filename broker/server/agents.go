@@ -210,6 +210,10 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 	if req.Telemetry != nil {
 		s.recordTelemetryLocked(n.Name, req.Telemetry, req.Owners)
 	}
+	if c := nodeCache(req.Cache); c != nil && cacheChanged(old.Cache, c) {
+		n.Cache = c
+		nodeChanged = true
+	}
 
 	resp := &agentapi.SyncResponse{HeartbeatInterval: s.cfg.Agents.HeartbeatInterval.D(), LogOffsets: map[string]int64{}}
 	reported := reportedSet(req)
@@ -237,6 +241,9 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 				resp.Ack = append(resp.Ack, r.JobRef) // about an attempt we no longer track
 			}
 			continue
+		}
+		if jj := s.noteDataLocked(j, r, n.Name, req.Telemetry, now); jj != nil {
+			changed[j.ID], j = jj, jj
 		}
 		switch r.State {
 		case agentapi.RunRunning:
@@ -370,7 +377,8 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 	env["SPILLWAY_TEAM"] = j.Spec.Team
 	env["SPILLWAY_NODE_RANK"] = strconv.Itoa(rank)
 	env["SPILLWAY_NUM_NODES"] = strconv.Itoa(len(j.Placements))
-	if j.LastCheckpointAt != nil {
+	if j.LastCheckpointAt != nil && j.Spec.Checkpoint.To == "" {
+		// With checkpoint.to the agent sets it, only once it restored one.
 		env["SPILLWAY_RESUME"] = "1"
 	}
 	s.addJobEnv(j, env)
@@ -393,6 +401,7 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 	if len(j.Placements) > 1 {
 		a.Peers = j.Nodes()
 	}
+	a.Data = dataAssignment(j, rank)
 	if p.MemoryShare > 0 {
 		// A sharer's compute share follows its memory share; the agent
 		// exports it where MPS runs.

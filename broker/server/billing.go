@@ -66,6 +66,11 @@ func (s *Server) allocChangesLocked(tx broker.Tx, old, j *broker.Job, now time.T
 				if a.End.Before(a.Start) {
 					a.End = a.Start
 				}
+				if sp := stagingSpans(j.Data, old.Attempt); sp != nil {
+					a.Staging = sp
+				} else {
+					a.Staging = stagingSpans(old.Data, old.Attempt)
+				}
 				if err := broker.PutAlloc(tx, a); err != nil {
 					return err
 				}
@@ -143,6 +148,9 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 	for _, r := range recs {
 		a := r.Allocation
 		a.Util = utilFor(util, r)
+		if j := s.jobs[r.Job]; a.End.IsZero() && j != nil {
+			a.Staging = stagingSpans(j.Data, r.Attempt)
+		}
 		allocs = append(allocs, a)
 	}
 	allocs = append(allocs, s.slurmAllocsLocked(cursor)...)

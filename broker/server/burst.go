@@ -937,7 +937,7 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		gpus = fmt.Sprintf("sim:%dx%s-%dGB", max(rec.Offer.GPUs, 1), firstNonEmpty(rec.Offer.GPUModel, "H100"), max(rec.Offer.GPUMemoryBytes>>30, 1))
 	}
 	agent := bootstrap.AgentConfig{Broker: s.cfg.AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
-		DataDir: machineDir(s.cfg.Burst.AgentDataDir, rec.ID),
+		DataDir: machineDir(s.cfg.Burst.AgentDataDir, rec.ID), Data: s.cfg.Burst.AgentData,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType}}
 	registered := func(ctx context.Context) error { return s.waitRegistered(ctx, rec.ID, started) }

@@ -69,7 +69,7 @@ func newDeliveryMetrics(reg prometheus.Registerer, s *Server) *deliveryMetrics {
 			Name: "spillway_job_units_total", Help: "Units of output jobs reported (requests, tokens, samples …), by team and kind.",
 		}, []string{"team", "kind"}),
 	}
-	reg.MustRegister(d.wait, d.duration, d.completed, d.preemptions, d.resumes, d.units, &observeCollector{s: s})
+	reg.MustRegister(d.wait, d.duration, d.completed, d.preemptions, d.resumes, d.units, &observeCollector{s: s}, &dataCollector{s: s})
 	return d
 }
 

@@ -189,6 +189,10 @@ const (
 	VerdictReclaimed    = "idle_reclaimed"
 	VerdictStopping     = "stopping"
 	VerdictNodeProblems = "node_lost"
+	VerdictInputMissing = "input_missing"
+	VerdictOutputs      = "outputs_failed"
+	VerdictStaging      = "staging"
+	VerdictDataWait     = "data_wait"
 )
 
 // explainTailLines is how many log lines an explanation shows.
@@ -523,6 +527,9 @@ func (s *Server) verdict(x *Explanation) ExplainVerdict {
 	case broker.StateTimedOut:
 		return ExplainVerdict{VerdictTimedOut, fmt.Sprintf("The job ran past its timeout of %s and was stopped; ask for a longer timeout (up to the queue's maximum) or checkpoint and resume.", j.Spec.Timeout)}
 	case broker.StateFailed:
+		if v, ok := dataFailVerdict(j); ok {
+			return v
+		}
 		if v, ok := crashVerdict(x, ""); ok {
 			return v
 		}
@@ -542,6 +549,9 @@ func (s *Server) verdict(x *Explanation) ExplainVerdict {
 		return ExplainVerdict{VerdictStarting, fmt.Sprintf("The job was placed on %s %s and the agent is starting it; if it stays here, check that node with `spillway nodes`.", dash0(node), ago0(x.At, x.State.Since))}
 	}
 	// Running.
+	if v, ok := dataRunVerdict(j); ok && j.Stop == nil {
+		return v
+	}
 	if j.Stop != nil {
 		return ExplainVerdict{VerdictStopping, fmt.Sprintf("The job is being stopped (%s: %s); it got %s and has %s to save its work.", j.Stop.Reason, j.Stop.Detail, j.Stop.Signal, broker.FormatDuration(j.Stop.Grace))}
 	}

@@ -211,6 +211,7 @@ func (s *Server) resetLocked() {
 	s.byNode = map[string]map[string]bool{}
 	s.reasons = map[string]broker.PendingReason{}
 	s.reasonSaved = map[string]time.Time{}
+	s.io = map[string]ioState{}
 	s.scheduling = scheduling{}
 	b := &s.burst
 	b.instances = map[string]*broker.InstanceRecord{}

@@ -23,6 +23,8 @@ func (s *Server) observeRoutes(e *echo.Echo, v1 *echo.Group) {
 	v1.GET("/store/backup", s.backupStore, allow(config.RoleOperator))
 	// Units come from inside jobs with their job token, or from people.
 	e.POST("/v1/jobs/:id/units", s.reportUnits, s.unitsAuth)
+	// "checkpoint saved at step N", from inside the job (docs/data.md).
+	e.POST("/v1/jobs/:id/checkpoint", s.reportCheckpoint, s.unitsAuth)
 	s.uiRoutes(e)
 }
 

@@ -210,6 +210,8 @@ type UtilizationReport struct {
 	Total         UtilTotals   `json:"total"`
 	IdleHolders   []IdleHolder `json:"idleHolders"`
 	IdleCards     []IdleCard   `json:"idleCards"`
+	// DataWaits are jobs whose GPUs waited on data in the period.
+	DataWaits []DataWaitJob `json:"dataWaits"`
 }
 
 // ShiftRules echo the reports section of the config.
@@ -259,6 +261,7 @@ func (s *Server) utilizationReport(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	rep.DataWaits = s.dataWaits(period, team)
 	if format != "csv" {
 		return c.JSON(http.StatusOK, rep)
 	}

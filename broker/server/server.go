@@ -81,6 +81,8 @@ type Server struct {
 	reasons map[string]broker.PendingReason
 	// reasonSaved is when each job's reason was last written.
 	reasonSaved map[string]time.Time
+	// io is each running job's last I/O reading, for data-wait detection.
+	io map[string]ioState
 	// telemetry is the latest GPU sample of each node, owners its
 	// processes' jobs.
 	telemetry map[string]*gpu.Sample
@@ -141,6 +143,7 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		byNode:      map[string]map[string]bool{},
 		reasons:     map[string]broker.PendingReason{},
 		reasonSaved: map[string]time.Time{},
+		io:          map[string]ioState{},
 		telemetry:   map[string]*gpu.Sample{},
 		owners:      map[string]map[int]string{},
 		tele:        telemetryState{open: map[gpuKey]*accum{}},

@@ -109,6 +109,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 			delete(s.jobs, j.ID)
 			delete(s.reasons, j.ID)
 			delete(s.reasonSaved, j.ID)
+			delete(s.io, j.ID)
 		} else {
 			s.jobs[j.ID] = j
 		}
@@ -429,6 +430,11 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
 	case stop != nil:
 		j.Transit(ended, broker.StateFailed, stop.Reason, joinDetail(stop.Detail, exit))
+	case r.Reason == agentapi.ReasonInputMissing:
+		// A missing input stays missing: no retry loop.
+		j.Transit(ended, broker.StateFailed, agentapi.ReasonInputMissing, r.Message+"; not retried: fix the job's inputs and submit it again")
+	case r.Reason == agentapi.ReasonOutputsFailed:
+		j.Transit(ended, broker.StateFailed, agentapi.ReasonOutputsFailed, joinDetail(r.Message, exit))
 	case r.State == agentapi.RunExited && code == 0 && r.Signal == "":
 		j.Transit(ended, broker.StateSucceeded, "exited", exit)
 	case j.Spec.RestartPolicy == broker.RestartOnFailure && j.Retries < j.Spec.MaxRetries:

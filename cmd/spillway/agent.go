@@ -125,4 +125,5 @@ func mergeAgentConfig(c *agent.Config, file agent.Config, cmd *cobra.Command) {
 	if file.LogLimit > 0 {
 		c.LogLimit = file.LogLimit
 	}
+	c.Data = file.Data
 }

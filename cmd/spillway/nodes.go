@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/client"
 	"github.com/spillway-dev/spillway/broker/server"
 )
@@ -32,6 +33,9 @@ func nodesCmd(g *globals) *cobra.Command {
 								notes = append(notes, fmt.Sprintf("GPU %d unhealthy: %s", cv.Index, cv.Unhealthy))
 							}
 						}
+						if c := n.Cache; c != nil {
+							notes = append(notes, cacheNote(c))
+						}
 						fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", n.Name, n.Pool, n.State, len(n.Cards), n.FreeGPUs,
 							model, dash(n.Inventory.DriverVersion), ago(now, n.LastSeen), strings.Join(notes, "; "))
 					}
@@ -39,4 +43,11 @@ func nodesCmd(g *globals) *cobra.Command {
 				})
 		},
 	}
+}
+
+// cacheNote is a node's input cache for `spillway nodes`: "cache 12.0/50.0
+// GB, hit ratio 83% (40/48)".
+func cacheNote(c *broker.NodeCache) string {
+	return fmt.Sprintf("cache %.1f/%.1f GB, hit ratio %.0f%% (%d/%d)", float64(c.Bytes)/1e9, float64(c.CapBytes)/1e9,
+		c.HitRatio*100, c.Hits, c.Hits+c.Misses)
 }

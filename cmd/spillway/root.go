@@ -71,7 +71,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.AddCommand(explainCmd(g), reportCmd(g), unitsCmd(g), backupCmd(g))
+	root.AddCommand(explainCmd(g), reportCmd(g), unitsCmd(g), backupCmd(g), checkpointCmd(g))
 	root.AddCommand(nodeCmd(g), auditCmd(g), loginCmd(g))
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.server, "server", "", "broker URL (env SPILLWAY_SERVER, or server: in ~/.config/spillway/config)")

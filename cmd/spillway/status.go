@@ -34,6 +34,16 @@ func printStatus(g *globals, j *broker.Job) {
 			fmt.Fprintf(w, "Est. start:\t%s\n", j.Pending.EstimatedStart.Local().Format("2006-01-02 15:04"))
 		}
 	}
+	if line := dataLine(j); line != "" {
+		fmt.Fprintf(w, "Data:\t%s\n", line)
+	}
+	if j.CheckpointStep != nil && j.LastCheckpointAt != nil {
+		fmt.Fprintf(w, "Checkpoint:\tsaved at step %d, %s\n", *j.CheckpointStep, j.LastCheckpointAt.Local().Format("2006-01-02 15:04:05"))
+	}
+	if j.DataWait != nil && j.DataWait.Active {
+		fmt.Fprintf(w, "GPU waits on data:\t%d%% compute while reading %.1f MB/s since %s; stage the data as inputs (cache: true) to read it from the node's cache\n",
+			j.DataWait.SMUtil, float64(j.DataWait.ReadBytesPerSec)/1e6, j.DataWait.Since.Local().Format("2006-01-02 15:04"))
+	}
 	if j.IdleSince != nil {
 		fmt.Fprintf(w, "Idle:\tsince %s: its GPUs hold memory but compute almost nothing\n", j.IdleSince.Local().Format("2006-01-02 15:04"))
 	}
@@ -92,4 +102,47 @@ func quoteArgs(argv []string) []string {
 		}
 	}
 	return out
+}
+
+// dataLine is the staging of the job's current attempt as people read it:
+// "staging inputs 3.1/10.0 GB", "restored checkpoint …, inputs 10.0 GB
+// (8.0 GB from the node cache)".
+func dataLine(j *broker.Job) string {
+	d := j.Data
+	if d == nil || d.Attempt != j.Attempt {
+		return ""
+	}
+	phase := map[string]string{"restore": "restoring checkpoint", "inputs": "staging inputs",
+		"checkpoint": "uploading checkpoint", "outputs": "uploading outputs"}[d.Phase]
+	var parts []string
+	if phase != "" {
+		if d.Total > 0 {
+			phase += fmt.Sprintf(" %.1f/%.1f GB", float64(d.Done)/1e9, float64(d.Total)/1e9)
+		}
+		parts = append(parts, phase)
+	}
+	if d.Restored != "" {
+		parts = append(parts, "resumed from checkpoint "+d.Restored)
+	}
+	if d.InputBytes > 0 {
+		parts = append(parts, fmt.Sprintf("inputs %.1f GB (%.1f GB from the node cache)", float64(d.InputBytes)/1e9, float64(d.CacheHitBytes)/1e9))
+	}
+	if d.Checkpoint != "" {
+		parts = append(parts, "last checkpoint uploaded "+d.Checkpoint)
+	}
+	if d.Error != "" {
+		parts = append(parts, "error: "+printable(d.Error))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// printable drops control characters from a message that may carry text
+// from an object store, so nothing reaches the terminal unescaped.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return -1
+		}
+		return r
+	}, s)
 }

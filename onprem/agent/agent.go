@@ -23,11 +23,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/onprem/staging"
 )
 
 // Config is the agent's configuration (flags or the YAML file written by
@@ -55,6 +57,9 @@ type Config struct {
 	LogLimit int64 `json:"logLimit,omitempty"`
 	// Version is reported to the broker.
 	Version string `json:"-"`
+	// Data configures object-store access and the input cache
+	// (docs/data.md); the cache defaults to DataDir/cache, 50 GiB.
+	Data staging.Config `json:"data,omitempty"`
 }
 
 // maxLogPerSync bounds the log bytes sent in one heartbeat.
@@ -83,6 +88,12 @@ type Agent struct {
 	// telemetryAt is when a heartbeat last carried one.
 	samples     sampler
 	telemetryAt time.Time
+
+	stagerOnce sync.Once
+	stager     *staging.Stager
+	stagerErr  error
+	// stagerReady is set once stager may be read without stagerOnce.
+	stagerReady atomic.Bool
 }
 
 // New makes an agent over a GPU backend.
@@ -337,6 +348,9 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 			// follower sees every line before the job turns terminal.
 			rep.State, rep.EndedAt = agentapi.RunRunning, time.Time{}
 		}
+		if rep.State == agentapi.RunRunning {
+			rep.ReadBytes = readBytes(r.group())
+		}
 		req.Jobs = append(req.Jobs, rep)
 		if rep.State != agentapi.RunRunning || r.isDone() {
 			req.Wait = 0
@@ -362,6 +376,7 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 		}
 	}
 	req.Leaks, ag.leaks = ag.leaks, nil
+	req.Cache = ag.cacheStats()
 	return req
 }
 
@@ -445,13 +460,18 @@ func (ag *Agent) apply(resp *agentapi.SyncResponse) {
 			ag.log.Warn("job failed to start", "job", a.Job, "attempt", a.Attempt, "err", r.message)
 			ag.wake()
 		} else {
-			ag.log.Info("job started", "job", a.Job, "attempt", a.Attempt, "pid", r.pgid, "gpus", a.UUIDs)
+			ag.log.Info("job started", "job", a.Job, "attempt", a.Attempt, "pid", r.group(), "gpus", a.UUIDs)
 		}
 	}
 	if len(toStart) > 0 {
 		ag.saveRuns() // once for the whole batch of starts
 	}
 	for _, s := range toStop {
+		s.r.mu.Lock()
+		if s.r.stopReason == "" {
+			s.r.stopReason = s.o.Reason
+		}
+		s.r.mu.Unlock()
 		reason := "stopped"
 		if s.o.Reason == "not_assigned" {
 			reason = "not_assigned"
@@ -521,8 +541,8 @@ func (ag *Agent) saveRuns() {
 	ag.mu.Lock()
 	var saved []savedRun
 	for ref, r := range ag.runs {
-		if !r.isDone() && r.pgid > 0 {
-			saved = append(saved, savedRun{Job: ref.Job, Attempt: ref.Attempt, PGID: r.pgid})
+		if pg := r.group(); !r.isDone() && pg > 0 {
+			saved = append(saved, savedRun{Job: ref.Job, Attempt: ref.Attempt, PGID: pg})
 		}
 	}
 	ag.mu.Unlock()

@@ -25,8 +25,8 @@ var cleanWait = 5 * time.Second
 // grandchild that left the group, say). A card that stays held is taken
 // out of the pool as unhealthy.
 func (ag *Agent) afterExit(r *run) {
-	if r.pgid > 0 {
-		_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
+	if pg := r.group(); pg > 0 {
+		_ = syscall.Kill(-pg, syscall.SIGKILL)
 	}
 	if len(r.a.UUIDs) == 0 {
 		return
@@ -99,7 +99,7 @@ func (ag *Agent) strays(ended *run) (map[int][]int, error) {
 	for _, r := range ag.runs {
 		if r != ended && !r.isDone() {
 			others[r.a.Job] = true
-			otherGroups[r.pgid] = true
+			otherGroups[r.group()] = true
 		}
 	}
 	ag.mu.Unlock()
@@ -165,8 +165,8 @@ func inheritedJob(pid int) string {
 func (ag *Agent) ownersLocked(s gpu.Sample) map[int]string {
 	groups := map[int]string{}
 	for ref, r := range ag.runs {
-		if r.pgid > 0 {
-			groups[r.pgid] = ref.Job
+		if pg := r.group(); pg > 0 {
+			groups[pg] = ref.Job
 		}
 	}
 	var out map[int]string

@@ -56,6 +56,10 @@ type run struct {
 	message  string
 	stopping bool
 	log      *cappedFile
+	// data is the attempt's staging (nil when it has none); stopReason is
+	// the broker's reason for a stop order (preempted, cancelled…).
+	data       *dataRun
+	stopReason string
 	// done is closed when the process has exited and its output is copied
 	// (or the copy gave up waiting for stray writers).
 	done chan struct{}
@@ -66,6 +70,9 @@ func (r *run) report() agentapi.JobReport {
 	defer r.mu.Unlock()
 	rep := agentapi.JobReport{JobRef: r.a.JobRef, State: r.state, StartedAt: r.started, ExitCode: r.exitCode,
 		Signal: r.signal, Reason: r.reason, Message: r.message, LogSize: r.log.Size()}
+	if r.data != nil {
+		rep.Data = r.data.reportLocked()
+	}
 	if r.state != agentapi.RunRunning {
 		rep.EndedAt = r.ended
 	}
@@ -172,9 +179,22 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	if len(a.Argv) == 0 {
 		return fail(errors.New("empty command"))
 	}
+	if a.Data != nil {
+		ag.startStaging(r, workdir)
+		return r
+	}
+	if err := ag.execRun(r, workdir, nil); err != nil {
+		return fail(err)
+	}
+	return r
+}
+
+// execRun starts the attempt's process with extra environment variables.
+func (ag *Agent) execRun(r *run, workdir string, extraEnv []string) error {
+	a := r.a
 	cmd := exec.Command(a.Argv[0], a.Argv[1:]...)
 	cmd.Dir = workdir
-	cmd.Env = jobEnv(a, ag.mps)
+	cmd.Env = append(jobEnv(a, ag.mps), extraEnv...)
 	// Pdeathsig: the job's main process dies with the agent. An agent
 	// killed with SIGKILL cannot stop its jobs, and the broker retries a
 	// lost node's jobs elsewhere: without this the old copy would run on
@@ -183,23 +203,28 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return fail(fmt.Errorf("create pipe: %w", err))
+		return fmt.Errorf("create pipe: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {
 		pr.Close()
 		pw.Close()
-		return fail(err)
+		return err
 	}
 	pw.Close() // the child has its copy
+	r.mu.Lock()
 	r.pgid = cmd.Process.Pid
 	r.spawned = time.Now()
+	r.mu.Unlock()
 	copied := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(r.log, pr)
 		pr.Close()
 		close(copied)
 	}()
+	if r.data != nil {
+		go ag.syncEvery(r, workdir)
+	}
 	go func() {
 		err := cmd.Wait()
 		// Stray grandchildren may keep the pipe open; give the copy a
@@ -208,10 +233,14 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 		case <-copied:
 		case <-time.After(2 * time.Second):
 		}
+		code, sig := exitStatus(cmd.ProcessState, err)
+		if r.data != nil {
+			ag.finishData(r, workdir, code, sig)
+		}
 		r.mu.Lock()
 		r.ended = ag.now()
 		r.state = agentapi.RunExited
-		r.exitCode, r.signal = exitStatus(cmd.ProcessState, err)
+		r.exitCode, r.signal = code, sig
 		r.mu.Unlock()
 		ag.afterExit(r)
 		close(r.done)
@@ -227,7 +256,7 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 			}
 		}()
 	}
-	return r
+	return nil
 }
 
 func exitStatus(ps *os.ProcessState, err error) (int, string) {
@@ -252,13 +281,21 @@ func (ag *Agent) stopRun(r *run, sig string, grace time.Duration, reason string)
 	if r.reason == "" {
 		r.reason = reason
 	}
+	pgid := r.pgid
 	r.mu.Unlock()
+	if pgid == 0 {
+		// Still staging: no process yet; end the staging instead.
+		if r.data != nil {
+			r.data.cancel()
+		}
+		return
+	}
 	s, ok := signals[sig]
 	if !ok {
 		s = syscall.SIGTERM
 	}
 	ag.log.Info("stopping job", "job", r.a.Job, "attempt", r.a.Attempt, "signal", sig, "grace", grace, "reason", reason)
-	_ = syscall.Kill(-r.pgid, s)
+	_ = syscall.Kill(-pgid, s)
 	if s == syscall.SIGKILL {
 		return
 	}
@@ -266,7 +303,7 @@ func (ag *Agent) stopRun(r *run, sig string, grace time.Duration, reason string)
 		select {
 		case <-r.done:
 		case <-time.After(grace):
-			_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		}
 	}()
 }

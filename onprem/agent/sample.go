@@ -67,7 +67,7 @@ func (ag *Agent) gatherEnds(ctx context.Context) {
 			switch {
 			case r.isDone():
 				ended = true
-			case !r.spawned.IsZero() && time.Since(r.spawned) < endGather:
+			case !r.spawnedAt().IsZero() && time.Since(r.spawnedAt()) < endGather:
 				young = true
 			}
 		}

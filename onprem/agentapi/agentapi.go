@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/onprem/staging"
 )
 
 // Paths of the agent endpoints.
@@ -72,6 +73,11 @@ type JobReport struct {
 	Message string `json:"message,omitempty"`
 	// LogSize is how many bytes of log the agent holds for the attempt.
 	LogSize int64 `json:"logSize"`
+	// Data is the attempt's staging: inputs, checkpoint, outputs.
+	Data *DataReport `json:"data,omitempty"`
+	// ReadBytes is what the job's processes have read from storage so far
+	// (/proc/PID/io read_bytes, summed over its process group).
+	ReadBytes int64 `json:"readBytes,omitempty"`
 }
 
 // LogChunk is a piece of an attempt's log starting at byte Offset.
@@ -94,6 +100,8 @@ type SyncRequest struct {
 	Owners    map[int]string `json:"owners,omitempty"`
 	Unhealthy map[int]string `json:"unhealthy,omitempty"`
 	Leaks     []Leak         `json:"leaks,omitempty"`
+	// Cache is the node's input cache.
+	Cache *staging.CacheStats `json:"cache,omitempty"`
 	// Wait asks the broker to hold the answer up to this long when it has
 	// no new orders (long poll).
 	Wait time.Duration `json:"wait,omitempty"`
@@ -132,7 +140,75 @@ type Assignment struct {
 	// Gang describes a multi-node job: this node's rank and all peers.
 	Rank  int      `json:"rank,omitempty"`
 	Peers []string `json:"peers,omitempty"`
+	// Data is what the agent stages around the attempt.
+	Data *Data `json:"data,omitempty"`
 }
+
+// Data is what the agent stages around an attempt (docs/data.md).
+type Data struct {
+	Inputs     []staging.Input  `json:"inputs,omitempty"`
+	Outputs    []staging.Output `json:"outputs,omitempty"`
+	Checkpoint *DataCheckpoint  `json:"checkpoint,omitempty"`
+}
+
+// DataCheckpoint is a checkpoint that travels: Dir synced to To after the
+// stop signal and grace and every Interval, restored before the attempt.
+type DataCheckpoint struct {
+	Dir      string        `json:"dir"`
+	To       string        `json:"to"`
+	Keep     int           `json:"keep"`
+	Interval time.Duration `json:"interval,omitempty"`
+	// RestoreOnly: restore, but leave uploads to rank 0 of a gang.
+	RestoreOnly bool `json:"restoreOnly,omitempty"`
+}
+
+// Staging phases of an attempt.
+const (
+	PhaseRestore    = "restore"    // fetching the last checkpoint
+	PhaseInputs     = "inputs"     // fetching inputs
+	PhaseRunning    = "running"    // the job's process runs
+	PhaseCheckpoint = "checkpoint" // uploading the checkpoint after a stop
+	PhaseOutputs    = "outputs"    // uploading outputs
+	PhaseDone       = "done"
+)
+
+// DataReport is the staging state of an attempt.
+type DataReport struct {
+	Phase string `json:"phase"`
+	// Done and Total are the bytes of the current phase.
+	Done  int64 `json:"done"`
+	Total int64 `json:"total"`
+	// Spans are the times the agent spent staging (before the start and
+	// after the end), charged as the job's staging overhead.
+	Spans []Span `json:"spans,omitempty"`
+	// Restored is the checkpoint the attempt started from, if any.
+	Restored string `json:"restored,omitempty"`
+	// Checkpoint is the newest checkpoint this attempt committed, and when.
+	Checkpoint   string    `json:"checkpoint,omitempty"`
+	CheckpointAt time.Time `json:"checkpointAt,omitempty"`
+	// InputBytes, CacheHitBytes: what the inputs weighed and how much of
+	// it the node's cache held.
+	InputBytes    int64 `json:"inputBytes,omitempty"`
+	CacheHitBytes int64 `json:"cacheHitBytes,omitempty"`
+	// Error is the staging failure, with the location it concerns.
+	Error string `json:"error,omitempty"`
+}
+
+// Span is a stretch of time; an open one has a zero End.
+type Span struct {
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end,omitempty"`
+}
+
+// Reasons an agent gives for data failures.
+const (
+	// ReasonInputMissing: an input does not exist; not retried.
+	ReasonInputMissing = "input_missing"
+	// ReasonStagingFailed: inputs or the checkpoint could not be fetched.
+	ReasonStagingFailed = "staging_failed"
+	// ReasonOutputsFailed: the outputs could not be uploaded.
+	ReasonOutputsFailed = "outputs_failed"
+)
 
 // StopOrder orders the agent to stop one attempt: Signal, then Grace, then
 // SIGKILL of the process group.

@@ -7,6 +7,8 @@ import (
 	"regexp"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/spillway-dev/spillway/onprem/staging"
 )
 
 // AgentConfig is the agent's config file, written as YAML to the machine
@@ -37,6 +39,8 @@ type AgentConfig struct {
 	// for the broker's certificate. It travels inside this file, over the
 	// SSH session whose host key was verified.
 	CA string `json:"ca,omitempty"`
+	// Data is the agent's object-store access and input cache.
+	Data *staging.Config `json:"data,omitempty"`
 }
 
 var (

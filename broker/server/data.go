@@ -1,0 +1,434 @@
+package server
+
+import (
+	"cmp"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/onprem/agentapi"
+	"github.com/spillway-dev/spillway/onprem/gpu"
+	"github.com/spillway-dev/spillway/onprem/staging"
+)
+
+// Data that follows a job (docs/data.md): what the agent is told to stage,
+// what it reports back, the job's own "checkpoint saved at step N", and
+// the detection of GPUs that wait on data.
+
+// dataAssignment is the staging order for one attempt on one rank. Only
+// rank 0 uploads outputs and the checkpoint; every rank restores it.
+func dataAssignment(j *broker.Job, rank int) *agentapi.Data {
+	sp := j.Spec
+	if !sp.HasData() {
+		return nil
+	}
+	d := &agentapi.Data{}
+	for _, in := range sp.Inputs {
+		d.Inputs = append(d.Inputs, staging.Input{From: in.From, To: in.To, Cache: in.Cache})
+	}
+	if rank == 0 {
+		for _, o := range sp.Outputs {
+			d.Outputs = append(d.Outputs, staging.Output{From: o.From, To: o.To, When: o.When})
+		}
+	}
+	if c := sp.Checkpoint; c.To != "" {
+		d.Checkpoint = &agentapi.DataCheckpoint{Dir: c.Dir, To: c.To, Keep: c.Keep, Interval: c.Interval.D(), RestoreOnly: rank > 0}
+	}
+	return d
+}
+
+// jobData turns an agent's staging report into the job's record.
+func jobData(attempt int, r *agentapi.DataReport, prev *broker.JobData, now time.Time) *broker.JobData {
+	d := &broker.JobData{Attempt: attempt, Phase: r.Phase, Done: r.Done, Total: r.Total, Restored: r.Restored,
+		Checkpoint: r.Checkpoint, InputBytes: r.InputBytes, CacheHitBytes: r.CacheHitBytes, Error: r.Error}
+	for _, sp := range r.Spans {
+		ds := broker.DataSpan{Start: sp.Start.UTC()}
+		if !sp.End.IsZero() {
+			e := sp.End.UTC()
+			ds.End = &e
+		}
+		d.Spans = append(d.Spans, ds)
+	}
+	switch {
+	case r.Checkpoint == "":
+	case prev != nil && prev.Attempt == attempt && prev.Checkpoint == r.Checkpoint && prev.CheckpointAt != nil:
+		d.CheckpointAt = prev.CheckpointAt
+	default:
+		// The broker's clock says when a new checkpoint became known.
+		t := now
+		d.CheckpointAt = &t
+	}
+	return d
+}
+
+func dataEqual(a, b *broker.JobData) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if a.Attempt != b.Attempt || a.Phase != b.Phase || a.Done != b.Done || a.Total != b.Total || a.Restored != b.Restored ||
+		a.Checkpoint != b.Checkpoint || a.InputBytes != b.InputBytes || a.CacheHitBytes != b.CacheHitBytes || a.Error != b.Error ||
+		len(a.Spans) != len(b.Spans) {
+		return false
+	}
+	for i := range a.Spans {
+		x, y := a.Spans[i], b.Spans[i]
+		if !x.Start.Equal(y.Start) || (x.End == nil) != (y.End == nil) || (x.End != nil && !x.End.Equal(*y.End)) {
+			return false
+		}
+	}
+	return true
+}
+
+// stagingSpans are the staging stretches of one attempt, for the meter.
+func stagingSpans(d *broker.JobData, attempt int) []billing.Span {
+	if d == nil || d.Attempt != attempt {
+		return nil
+	}
+	out := make([]billing.Span, 0, len(d.Spans))
+	for _, sp := range d.Spans {
+		bs := billing.Span{Start: ms(sp.Start)}
+		if sp.End != nil {
+			bs.End = ms(*sp.End)
+		}
+		out = append(out, bs)
+	}
+	return out
+}
+
+// Thresholds of "GPU waits on data": the job's cards compute under
+// dataWaitMaxUtil percent while it reads at least dataWaitMinRate bytes a
+// second from storage, for dataWaitWindow.
+var (
+	dataWaitMaxUtil       = 30
+	dataWaitMinRate int64 = 20 << 20
+	dataWaitWindow        = time.Minute
+)
+
+// ioState is the previous reading of one attempt's I/O.
+type ioState struct {
+	attempt int
+	at      time.Time
+	bytes   int64
+	// since is when low compute with high I/O began (zero: not now).
+	since time.Time
+}
+
+// dataWaitStep is the detector, pure: the next state, whether the job's
+// GPUs wait on data now, and the read rate.
+func dataWaitStep(prev ioState, attempt int, now time.Time, bytes int64, util int, haveUtil bool) (ioState, bool, int64) {
+	next := ioState{attempt: attempt, at: now, bytes: bytes}
+	if prev.attempt != attempt || prev.at.IsZero() || !now.After(prev.at) || bytes < prev.bytes {
+		return next, false, 0
+	}
+	rate := (bytes - prev.bytes) * int64(time.Second) / int64(now.Sub(prev.at))
+	if haveUtil && util < dataWaitMaxUtil && rate >= dataWaitMinRate {
+		next.since = prev.since
+		if next.since.IsZero() {
+			next.since = prev.at
+		}
+	}
+	waiting := !next.since.IsZero() && now.Sub(next.since) >= dataWaitWindow
+	return next, waiting, rate
+}
+
+// jobUtil is the mean compute of the job's cards on node in a sample.
+func jobUtil(j *broker.Job, node string, t *gpu.Sample) (int, bool) {
+	if t == nil {
+		return 0, false
+	}
+	p, _, ok := placedOn(j, node)
+	if !ok || len(p.GPUs) == 0 {
+		return 0, false
+	}
+	sum, n := 0, 0
+	for _, d := range t.Devices {
+		if slices.Contains(p.GPUs, d.Index) {
+			sum += d.SMUtil
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / n, true
+}
+
+// noteDataLocked applies a report's staging state and I/O reading to a job
+// the node holds; it returns the changed job, or nil.
+func (s *Server) noteDataLocked(j *broker.Job, r agentapi.JobReport, node string, t *gpu.Sample, now time.Time) *broker.Job {
+	var jj *broker.Job
+	edit := func() *broker.Job {
+		if jj == nil {
+			jj = cloneJob(j)
+		}
+		return jj
+	}
+	if r.Data != nil {
+		d := jobData(r.Attempt, r.Data, j.Data, now)
+		if !dataEqual(j.Data, d) {
+			e := edit()
+			e.Data = d
+			if d.CheckpointAt != nil && (j.Data == nil || j.Data.CheckpointAt == nil || j.Data.Checkpoint != d.Checkpoint) &&
+				(e.LastCheckpointAt == nil || d.CheckpointAt.After(*e.LastCheckpointAt)) {
+				at := *d.CheckpointAt
+				e.LastCheckpointAt = &at
+			}
+		}
+	}
+	if r.State != agentapi.RunRunning {
+		delete(s.io, j.ID)
+	}
+	if r.State == agentapi.RunRunning && (r.Data == nil || r.Data.Phase == agentapi.PhaseRunning) {
+		util, haveUtil := jobUtil(j, node, t)
+		st, waiting, rate := dataWaitStep(s.io[j.ID], r.Attempt, now, r.ReadBytes, util, haveUtil)
+		s.io[j.ID] = st
+		w := j.DataWait
+		switch {
+		case waiting && (w == nil || !w.Active):
+			e := edit()
+			e.DataWait = &broker.DataWait{Since: st.since, Last: now, ReadBytesPerSec: rate, SMUtil: util, Active: true}
+			s.log.Info("GPU waits on data", "job", j.ID, "read_bytes_per_sec", rate, "sm_util", util)
+		case waiting && now.Sub(w.Last) >= time.Minute:
+			e := edit()
+			e.DataWait = &broker.DataWait{Since: w.Since, Last: now, ReadBytesPerSec: rate, SMUtil: util, Active: true}
+		case !waiting && w != nil && w.Active && st.since.IsZero():
+			e := edit()
+			e.DataWait = &broker.DataWait{Since: w.Since, Last: now, ReadBytesPerSec: rate, SMUtil: util, Active: false}
+		}
+	}
+	return jj
+}
+
+// nodeCache is the broker's record of an agent's cache report.
+func nodeCache(c *staging.CacheStats) *broker.NodeCache {
+	if c == nil {
+		return nil
+	}
+	return &broker.NodeCache{Bytes: c.Bytes, CapBytes: c.CapBytes, Objects: c.Objects, Hits: c.Hits, Misses: c.Misses,
+		Evictions: c.Evictions, HitRatio: c.HitRatio()}
+}
+
+func cacheChanged(a, b *broker.NodeCache) bool {
+	if a == nil || b == nil {
+		return a != b
+	}
+	return *a != *b
+}
+
+// CheckpointReport is the body of POST /v1/jobs/{id}/checkpoint: the job
+// says it saved its work at Step.
+type CheckpointReport struct {
+	Step int64 `json:"step"`
+}
+
+// CheckpointAnswer is what the broker recorded.
+type CheckpointAnswer struct {
+	Job  string    `json:"job"`
+	Step int64     `json:"step"`
+	At   time.Time `json:"at"`
+}
+
+// reportCheckpoint serves POST /v1/jobs/{id}/checkpoint, with the job's
+// token (or a person's): preemption then counts the job's lost work from
+// now instead of from its start.
+func (s *Server) reportCheckpoint(c echo.Context) error {
+	var in CheckpointReport
+	if err := decodeBody(c, 4<<10, &in); err != nil {
+		return err
+	}
+	if in.Step < 0 {
+		return errBadRequest("step", broker.CodeOutOfRange, "must be 0 or more, got %d", in.Step)
+	}
+	id := c.Param("id")
+	if principal(c).Role != roleJob {
+		if _, err := s.loadVisibleJob(c); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, ok := s.jobs[id]
+	if !ok {
+		return newError(http.StatusNotFound, "not_found", "job %s not found or not running", clip(id))
+	}
+	if !j.State.Holding() {
+		return newError(http.StatusConflict, "conflict", "job %s is %s; only a running job saves checkpoints", j.ID, j.State)
+	}
+	now := s.clock.Now()
+	jj := cloneJob(j)
+	at, step := now, in.Step
+	jj.LastCheckpointAt, jj.CheckpointStep = &at, &step
+	if err := s.commitLocked(c.Request().Context(), []*broker.Job{jj}, nil, nil); err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, CheckpointAnswer{Job: j.ID, Step: step, At: now})
+}
+
+// dataFailVerdict explains a job that failed on its data.
+func dataFailVerdict(j *broker.Job) (ExplainVerdict, bool) {
+	if len(j.History) == 0 {
+		return ExplainVerdict{}, false
+	}
+	last := j.History[len(j.History)-1]
+	switch last.Reason {
+	case agentapi.ReasonInputMissing:
+		return ExplainVerdict{VerdictInputMissing, fmt.Sprintf("The job failed before it started: %s. Check the location (and that the team's buckets allow it), then submit again; it is not retried.", last.Detail)}, true
+	case agentapi.ReasonOutputsFailed:
+		return ExplainVerdict{VerdictOutputs, fmt.Sprintf("The job ran, but its outputs could not be uploaded after retries (%s); check the bucket is reachable from the node and the node's credentials may write to it.", last.Detail)}, true
+	}
+	return ExplainVerdict{}, false
+}
+
+// dataRunVerdict explains a running job that is staging, or whose GPUs
+// wait on data.
+func dataRunVerdict(j *broker.Job) (ExplainVerdict, bool) {
+	if d := j.Data; d != nil && d.Attempt == j.Attempt {
+		if msg := stagingLine(d); msg != "" && d.Phase != agentapi.PhaseRunning {
+			return ExplainVerdict{VerdictStaging, fmt.Sprintf("The job holds its GPUs and is %s; this time is charged as staging, apart from compute. Inputs read through the node's cache stage in a fraction of the time the next time.", msg)}, true
+		}
+	}
+	if w := j.DataWait; w != nil && w.Active {
+		return ExplainVerdict{VerdictDataWait, fmt.Sprintf("GPU waits on data: the job's cards compute %d%% while it reads %s/s from storage (since %s). Stage the data as inputs so it is read from the node's local cache (inputs with cache: true), use more data-loader workers, or prefetch.",
+			w.SMUtil, formatBytes(w.ReadBytesPerSec), w.Since.UTC().Format("15:04 UTC Jan 2"))}, true
+	}
+	return ExplainVerdict{}, false
+}
+
+// stagingLine is "staging inputs 3.1/10 GB" for a job's data state.
+func stagingLine(d *broker.JobData) string {
+	if d == nil {
+		return ""
+	}
+	what := map[string]string{
+		agentapi.PhaseRestore:    "restoring its checkpoint",
+		agentapi.PhaseInputs:     "staging inputs",
+		agentapi.PhaseCheckpoint: "uploading its checkpoint",
+		agentapi.PhaseOutputs:    "uploading outputs",
+	}[d.Phase]
+	if what == "" {
+		return ""
+	}
+	if d.Total > 0 {
+		return fmt.Sprintf("%s %s/%s", what, gbNum(d.Done), formatBytes(d.Total))
+	}
+	return what
+}
+
+func gbNum(b int64) string { return fmt.Sprintf("%.1f", float64(b)/1e9) }
+
+// formatBytes is a decimal size: 10 GB, 3.1 GB, 200 MB.
+func formatBytes(b int64) string {
+	switch {
+	case b >= 1e9:
+		return trimZero(fmt.Sprintf("%.1f", float64(b)/1e9)) + " GB"
+	case b >= 1e6:
+		return trimZero(fmt.Sprintf("%.1f", float64(b)/1e6)) + " MB"
+	case b >= 1e3:
+		return trimZero(fmt.Sprintf("%.1f", float64(b)/1e3)) + " kB"
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+func trimZero(s string) string { return strings.TrimSuffix(s, ".0") }
+
+// dataCollector exports the node caches and the jobs staging or waiting
+// on data, read from memory at scrape time.
+type dataCollector struct{ s *Server }
+
+var (
+	descCacheHitRatio = prometheus.NewDesc("spillway_node_cache_hit_ratio", "Input-cache hits over lookups on each node since its agent started.", []string{"node"}, nil)
+	descCacheBytes    = prometheus.NewDesc("spillway_node_cache_bytes", "Bytes held in each node's input cache.", []string{"node"}, nil)
+	descCacheCap      = prometheus.NewDesc("spillway_node_cache_capacity_bytes", "Each node's input-cache size cap.", []string{"node"}, nil)
+	descCacheEvicted  = prometheus.NewDesc("spillway_node_cache_evictions", "Objects evicted from each node's input cache since its agent started.", []string{"node"}, nil)
+	descDataWait      = prometheus.NewDesc("spillway_jobs_waiting_on_data", "Running jobs whose GPUs wait on data (low compute while reading from storage), by queue.", []string{"queue"}, nil)
+	descStaging       = prometheus.NewDesc("spillway_jobs_staging", "Jobs holding GPUs while their data is staged, by queue.", []string{"queue"}, nil)
+)
+
+func (c *dataCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descCacheHitRatio, descCacheBytes, descCacheCap, descCacheEvicted, descDataWait, descStaging} {
+		ch <- d
+	}
+}
+
+func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.nodes {
+		// A node whose agent has staged nothing yet reports an empty cache.
+		c := broker.NodeCache{}
+		if n.Cache != nil {
+			c = *n.Cache
+		}
+		ch <- prometheus.MustNewConstMetric(descCacheHitRatio, prometheus.GaugeValue, c.HitRatio, n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheBytes, prometheus.GaugeValue, float64(c.Bytes), n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheCap, prometheus.GaugeValue, float64(c.CapBytes), n.Name)
+		ch <- prometheus.MustNewConstMetric(descCacheEvicted, prometheus.GaugeValue, float64(c.Evictions), n.Name)
+	}
+	waiting, staging := map[string]int{}, map[string]int{}
+	for _, q := range s.cfg.Queues {
+		waiting[q.Name], staging[q.Name] = 0, 0
+	}
+	for _, j := range s.jobs {
+		if !j.State.Holding() {
+			continue
+		}
+		if j.DataWait != nil && j.DataWait.Active {
+			waiting[j.Spec.Queue]++
+		}
+		if d := j.Data; d != nil && d.Attempt == j.Attempt && d.Phase != agentapi.PhaseRunning && d.Phase != agentapi.PhaseDone {
+			staging[j.Spec.Queue]++
+		}
+	}
+	for q, n := range waiting {
+		ch <- prometheus.MustNewConstMetric(descDataWait, prometheus.GaugeValue, float64(n), q)
+		ch <- prometheus.MustNewConstMetric(descStaging, prometheus.GaugeValue, float64(staging[q]), q)
+	}
+}
+
+// DataWaitJob is a job of the utilisation report whose GPUs waited on
+// data: low compute while it read from storage.
+type DataWaitJob struct {
+	Job             string    `json:"job"`
+	Team            string    `json:"team"`
+	Since           time.Time `json:"since"`
+	Last            time.Time `json:"last"`
+	Active          bool      `json:"active"`
+	SMUtil          int       `json:"smUtil"`
+	ReadBytesPerSec int64     `json:"readBytesPerSec"`
+	// Flag and Hint are for people: "GPU waits on data" and what to do.
+	Flag string `json:"flag"`
+	Hint string `json:"hint"`
+}
+
+const dataWaitHint = "stage the data as inputs with cache: true so it is read from the node's local cache; more data-loader workers or prefetching also help"
+
+// dataWaits lists the jobs the broker holds whose data wait overlaps the
+// period (of one team, or all when team is empty), longest first.
+func (s *Server) dataWaits(p billing.Period, team string) []DataWaitJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []DataWaitJob{}
+	for _, j := range s.jobs {
+		w := j.DataWait
+		if w == nil || (team != "" && j.Spec.Team != team) || !w.Last.After(p.From) || !w.Since.Before(p.To) {
+			continue
+		}
+		out = append(out, DataWaitJob{Job: j.ID, Team: j.Spec.Team, Since: w.Since, Last: w.Last, Active: w.Active, SMUtil: w.SMUtil,
+			ReadBytesPerSec: w.ReadBytesPerSec, Flag: "GPU waits on data", Hint: dataWaitHint})
+	}
+	slices.SortFunc(out, func(a, b DataWaitJob) int {
+		if da, db := a.Last.Sub(a.Since), b.Last.Sub(b.Since); da != db {
+			return cmp.Compare(db, da)
+		}
+		return strings.Compare(a.Job, b.Job)
+	})
+	return out
+}
