@@ -69,6 +69,14 @@ type Spec struct {
 	Command       []string          `json:"command"`
 	Env           map[string]string `json:"env,omitempty"`
 	Workdir       string            `json:"workdir,omitempty"`
+
+	// Runtime fields (spec_runtime.go): the image to run in, the uploaded
+	// working directory, allowed mounts, shared memory and the user.
+	Image         string   `json:"image,omitempty"`
+	WorkdirUpload string   `json:"workdirUpload,omitempty"`
+	Mounts        []Mount  `json:"mounts,omitempty"`
+	ShmSize       Quantity `json:"shmSize,omitempty"`
+	User          string   `json:"user,omitempty"`
 }
 
 // Resources is what a job needs on each node.
@@ -82,6 +90,9 @@ type Resources struct {
 	Memory    Quantity `json:"memory,omitempty"`
 	// Nodes > 1 makes a gang: all nodes start together or none does.
 	Nodes int `json:"nodes,omitempty"`
+	// GPU is accepted as another name for GPUs (resources: {gpu: 1});
+	// Normalize moves it into GPUs.
+	GPU int `json:"gpu,omitempty"`
 }
 
 // Checkpoint is what a job gets before it is stopped: Signal, then Grace to
@@ -110,6 +121,8 @@ type SpecLimits struct {
 	MaxGPUMemory int64
 	// MaxNodes bounds gang size.
 	MaxNodes int
+	// Mounts is the operator's mount allow-list.
+	Mounts []MountRule
 }
 
 // Signals a job may ask for as its checkpoint signal.
@@ -181,6 +194,7 @@ func (s *Spec) Normalize(callerTeam string, lim SpecLimits) {
 	if s.Name == "" && len(s.Command) > 0 {
 		s.Name = NameFromCommand(s.Command)
 	}
+	s.normalizeRuntime()
 }
 
 // NameFromCommand makes a job name from argv[0] ("python" for
@@ -327,6 +341,7 @@ func (s *Spec) Validate(lim SpecLimits) error {
 			checkText(ve, "workdir", s.Workdir, maxPathLen)
 		}
 	}
+	s.validateRuntime(ve, lim)
 	return ve.err()
 }
 
