@@ -27,6 +27,7 @@ import (
 
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
 )
 
 // Config is the agent's configuration (flags or the YAML file written by
@@ -42,6 +43,9 @@ type Config struct {
 	LogLimit int64 `json:"logLimit,omitempty"`
 	// Version is reported to the broker.
 	Version string `json:"-"`
+	// Runtime chooses and configures how jobs run (process or oci) and
+	// as which uids (docs/agent.md, "Runtimes").
+	Runtime jobrt.Config `json:"runtime,omitempty"`
 }
 
 // maxLogPerSync bounds the log bytes sent in one heartbeat.
@@ -51,6 +55,7 @@ const maxLogPerSync = 512 << 10
 type Agent struct {
 	cfg     Config
 	backend gpu.Backend
+	rt      jobrt.Runtime
 	inv     gpu.Inventory
 	mps     bool
 	http    *http.Client
@@ -86,8 +91,12 @@ func New(cfg Config, backend gpu.Backend, log *slog.Logger) (*Agent, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	rt, err := jobrt.New(cfg.Runtime, jobrt.Options{DataDir: cfg.DataDir, SimulatedGPUs: inv.Backend != "nvml"})
+	if err != nil {
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
 	return &Agent{
-		cfg: cfg, backend: backend, inv: inv, mps: inv.MPS,
+		cfg: cfg, backend: backend, inv: inv, mps: inv.MPS, rt: rt,
 		http:      brokerHTTP(),
 		log:       log.With("node", cfg.Name),
 		now:       time.Now,
@@ -369,6 +378,7 @@ func (ag *Agent) apply(resp *agentapi.SyncResponse) {
 			r.log.Close()
 			delete(ag.runs, ref)
 			delete(ag.sent, ref)
+			go ag.forget(ref)
 		}
 	}
 	var toStart []agentapi.Assignment

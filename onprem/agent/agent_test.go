@@ -202,7 +202,7 @@ func TestJobEnvironmentAndLog(t *testing.T) {
 	log := string(r.fb.logs[rep.JobRef])
 	r.fb.mu.Unlock()
 	want := r.sim.UUIDs()[1] + " PCI_BUS_ID env\n"
-	if !strings.HasPrefix(log, want) || !strings.Contains(log, "/jobs/env-1") {
+	if !strings.HasPrefix(log, want) || !strings.Contains(log, "jobs-") && !strings.Contains(log, "/jobs/") || !strings.Contains(log, "/env-1") {
 		t.Fatalf("log %q, want it to start with %q and show the per-attempt workdir", log, want)
 	}
 }
@@ -222,7 +222,7 @@ func TestFailedToStart(t *testing.T) {
 // back clean.
 func TestLeakedGrandchildIsKilled(t *testing.T) {
 	r := newRig(t)
-	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+	pidFile := filepath.Join(sharedDir(t), "grandchild.pid")
 	r.assign("leaky", 0, time.Minute, "sh", "-c",
 		fmt.Sprintf(`setsid sh -c 'echo $$ > %s; exec sleep 300' & sleep 0.3; exit 0`, pidFile))
 	rep := r.waitEnded("leaky", 30*time.Second)
@@ -300,7 +300,7 @@ func TestUncleanCardLeavesPool(t *testing.T) {
 // the broker is back.
 func TestTimeoutWithoutBroker(t *testing.T) {
 	r := newRig(t)
-	marker := filepath.Join(t.TempDir(), "term")
+	marker := filepath.Join(sharedDir(t), "term")
 	r.assign("slow", 0, 700*time.Millisecond, "sh", "-c", fmt.Sprintf(`trap 'echo got-term > %s; exit 143' TERM; while true; do sleep 0.05; done`, marker))
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {

@@ -72,6 +72,9 @@ type JobReport struct {
 	Message string `json:"message,omitempty"`
 	// LogSize is how many bytes of log the agent holds for the attempt.
 	LogSize int64 `json:"logSize"`
+	// Progress is what a starting attempt waits for ("pulling image
+	// 1.2/4.0 GB"); empty once it runs.
+	Progress string `json:"progress,omitempty"`
 }
 
 // LogChunk is a piece of an attempt's log starting at byte Offset.
@@ -132,7 +135,39 @@ type Assignment struct {
 	// Gang describes a multi-node job: this node's rank and all peers.
 	Rank  int      `json:"rank,omitempty"`
 	Peers []string `json:"peers,omitempty"`
+
+	// Runtime fields: the user the node maps to a uid, the image (oci
+	// runtime), the allowed mounts, the memory limit and /dev/shm size in
+	// bytes, and the uploaded workdir to unpack (GET PathUploads+hash).
+	User          string  `json:"user,omitempty"`
+	Image         string  `json:"image,omitempty"`
+	Mounts        []Mount `json:"mounts,omitempty"`
+	Memory        int64   `json:"memory,omitempty"`
+	ShmSize       int64   `json:"shmSize,omitempty"`
+	WorkdirUpload string  `json:"workdirUpload,omitempty"`
 }
+
+// Mount is one mount of an attempt, already checked against the
+// operator's allow-list by the broker.
+type Mount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+// PathUploads is where an agent fetches an uploaded workdir archive:
+// GET PathUploads + "sha256:<hex>".
+const PathUploads = "/v1/agent/uploads/"
+
+// Runtime failure reasons an agent reports in JobReport.Reason.
+const (
+	ReasonImageNotFound = "image_not_found"
+	ReasonPullDenied    = "pull_denied"
+	ReasonPullFailed    = "pull_failed"
+	ReasonOOMLimit      = "oom_limit"
+	ReasonOOMNode       = "oom_node"
+	ReasonRuntimeError  = "runtime_error"
+)
 
 // StopOrder orders the agent to stop one attempt: Signal, then Grace, then
 // SIGKILL of the process group.
