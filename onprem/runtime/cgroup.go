@@ -160,11 +160,16 @@ func (g *cgroup) oom() (killed, byLimit bool) {
 		return ev["oom_kill"] > 0, ev["max"] > 0 || ev["oom"] > 0
 	}
 	ctl := readKV(filepath.Join(g.path, "memory.oom_control"))
+	// failcnt counts charges refused at the limit, but stays 0 on some
+	// kernels once memsw is limited too; the peak reaching the limit says
+	// the same.
 	fail := readInt(filepath.Join(g.path, "memory.failcnt"))
+	peak := readInt(filepath.Join(g.path, "memory.max_usage_in_bytes"))
 	if g.c.swap {
 		fail += readInt(filepath.Join(g.path, "memory.memsw.failcnt"))
+		peak = max(peak, readInt(filepath.Join(g.path, "memory.memsw.max_usage_in_bytes")))
 	}
-	return ctl["oom_kill"] > 0, fail > 0
+	return ctl["oom_kill"] > 0, fail > 0 || (g.limit > 0 && peak >= g.limit-64<<10)
 }
 
 // remove deletes the cgroup and those below it once their processes are

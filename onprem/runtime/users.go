@@ -2,7 +2,7 @@ package runtime
 
 import (
 	"encoding/json"
-		"fmt"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
