@@ -137,6 +137,10 @@ type Job struct {
 	// threshold for longer than the idle window: since when.
 	IdleSince *time.Time `json:"idleSince,omitempty"`
 
+	// Progress is what a starting attempt waits for on its node ("pulling
+	// image 1.2/4.0 GB"); filled in from memory when the job is read.
+	Progress string `json:"progress,omitempty"`
+
 	History []Transition `json:"history"`
 }
 

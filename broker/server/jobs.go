@@ -58,6 +58,9 @@ func (s *Server) submit(c echo.Context) error {
 	if err := spec.Validate(lim); err != nil {
 		return err
 	}
+	if err := s.checkUpload(spec.WorkdirUpload); err != nil {
+		return err
+	}
 	now := s.clock.Now()
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
@@ -102,6 +105,7 @@ func (s *Server) loadVisibleJob(c echo.Context) (*broker.Job, error) {
 		return nil, newError(http.StatusNotFound, "not_found", "job %s not found", clip(id))
 	}
 	s.overlayReason(j)
+	s.overlayProgress(j)
 	return j, nil
 }
 

@@ -34,6 +34,9 @@ func printStatus(g *globals, j *broker.Job) {
 			fmt.Fprintf(w, "Est. start:\t%s\n", j.Pending.EstimatedStart.Local().Format("2006-01-02 15:04"))
 		}
 	}
+	if j.Progress != "" {
+		fmt.Fprintf(w, "Starting:\t%s\n", j.Progress)
+	}
 	if j.IdleSince != nil {
 		fmt.Fprintf(w, "Idle:\tsince %s: its GPUs hold memory but compute almost nothing\n", j.IdleSince.Local().Format("2006-01-02 15:04"))
 	}
