@@ -158,12 +158,18 @@ func (b *base) forget(id string) {
 	}
 }
 
-// oomExit turns a kill into an OOM exit when the cgroup saw one.
-func oomExit(e Exit, g *cgroup) Exit {
+// oomExit turns a kill into an OOM exit when the cgroup saw one. Podman
+// removes the container's own cgroup (below the attempt's) with the
+// container, and the kernel counts the kill there; so a SIGKILL nobody
+// sent (unsent) to an attempt whose usage reached its limit counts too.
+func oomExit(e Exit, g *cgroup, unsent bool) Exit {
 	if g == nil {
 		return e
 	}
 	killed, byLimit := g.oom()
+	if !killed && unsent && e.Code == 137 && byLimit && g.limit > 0 {
+		killed = true
+	}
 	if !killed {
 		return e
 	}

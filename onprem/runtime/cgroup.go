@@ -151,15 +151,30 @@ func (g *cgroup) killAll() {
 	}
 }
 
-// oom reports whether the kernel OOM-killed a process of the cgroup, and
-// whether it was because of the cgroup's own limit (the limit was hit)
-// rather than the node running out of memory.
-func (g *cgroup) oom() (killed, byLimit bool) {
+// oom reports whether the kernel OOM-killed a process of the cgroup (or
+// of a cgroup below it that still exists), and whether the cgroup's own
+// limit was reached (rather than the node running out of memory).
+func (g *cgroup) oom() (killed, atLimit bool) {
+	file := "memory.oom_control"
+	if g.c.v2 {
+		file = "memory.events"
+	}
+	var kills int64
+	_ = filepath.WalkDir(g.path, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			kills += readKV(filepath.Join(p, file))["oom_kill"]
+		}
+		return nil
+	})
+	return kills > 0, g.atLimit()
+}
+
+// atLimit reports whether the cgroup's usage reached its limit.
+func (g *cgroup) atLimit() bool {
 	if g.c.v2 {
 		ev := readKV(filepath.Join(g.path, "memory.events"))
-		return ev["oom_kill"] > 0, ev["max"] > 0 || ev["oom"] > 0
+		return ev["max"] > 0 || ev["oom"] > 0
 	}
-	ctl := readKV(filepath.Join(g.path, "memory.oom_control"))
 	// failcnt counts charges refused at the limit, but stays 0 on some
 	// kernels once memsw is limited too; the peak reaching the limit says
 	// the same.
@@ -169,7 +184,7 @@ func (g *cgroup) oom() (killed, byLimit bool) {
 		fail += readInt(filepath.Join(g.path, "memory.memsw.failcnt"))
 		peak = max(peak, readInt(filepath.Join(g.path, "memory.memsw.max_usage_in_bytes")))
 	}
-	return ctl["oom_kill"] > 0, fail > 0 || (g.limit > 0 && peak >= g.limit-64<<10)
+	return fail > 0 || (g.limit > 0 && peak >= g.limit-64<<10)
 }
 
 // remove deletes the cgroup and those below it once their processes are

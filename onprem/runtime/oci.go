@@ -3,7 +3,6 @@ package runtime
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -118,6 +117,9 @@ type ociProc struct {
 	cg   *cgroup
 	copy *copier
 	tail *tailBuffer
+
+	mu     sync.Mutex
+	killed bool // the agent sent SIGKILL
 }
 
 func (r *ociRuntime) Start(ctx context.Context, j *Job) (Proc, *Exit) {
@@ -226,6 +228,11 @@ func (p *ociProc) Dir() string { return p.dir }
 // also kills whatever is left in the attempt's cgroup and the podman
 // client, so a stop never depends on podman answering.
 func (p *ociProc) Signal(sig syscall.Signal) error {
+	if sig == syscall.SIGKILL {
+		p.mu.Lock()
+		p.killed = true
+		p.mu.Unlock()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := p.r.command(ctx, "kill", "--signal", strconv.Itoa(int(sig)), p.name).Run()
@@ -251,7 +258,10 @@ func (p *ociProc) Wait() Exit {
 			e.Message = m
 		}
 	}
-	e = oomExit(e, p.cg)
+	p.mu.Lock()
+	unsent := !p.killed
+	p.mu.Unlock()
+	e = oomExit(e, p.cg, unsent)
 	p.cg.killAll()
 	return e
 }
@@ -343,51 +353,25 @@ loop:
 }
 
 // PullProgress is the line `spillway status` shows while a node pulls the
-// image: "pulling image 1.2/4.0 GB" (or "pulling image 0.3 GB" when the
-// registry did not tell the size).
+// image: "pulling image 1.2/4.0 GB", in MB below a gigabyte ("pulling
+// image 32/65 MB"), or without the total when the registry did not tell
+// the size.
 func PullProgress(have, total int64) string {
-	gb := func(b int64) string { return strconv.FormatFloat(float64(b)/1e9, 'f', 1, 64) }
-	if total > 0 {
-		return fmt.Sprintf("pulling image %s/%s GB", gb(min(have, total)), gb(total))
+	unit, div, prec := "GB", 1e9, 1
+	if max(have, total) < 1e9 {
+		unit, div, prec = "MB", 1e6, 0
 	}
-	return fmt.Sprintf("pulling image %s GB", gb(have))
+	f := func(b int64) string { return strconv.FormatFloat(float64(b)/div, 'f', prec, 64) }
+	if total > 0 {
+		return fmt.Sprintf("pulling image %s/%s %s", f(min(have, total)), f(total), unit)
+	}
+	return fmt.Sprintf("pulling image %s %s", f(have), unit)
 }
 
-// imageSize asks the registry for the image's manifest and adds up its
-// config and layers; 0 when it cannot tell.
-func (r *ociRuntime) imageSize(ctx context.Context, image, tlsFlag string) int64 {
-	raw, err := r.command(ctx, "manifest", "inspect", tlsFlag, image).Output()
-	if err != nil {
-		return 0
-	}
-	var m struct {
-		Config    struct{ Size int64 } `json:"config"`
-		Layers    []struct{ Size int64 }
-		Manifests []struct {
-			Digest   string
-			Platform struct{ Architecture, OS string }
-		}
-	}
-	if json.Unmarshal(raw, &m) != nil {
-		return 0
-	}
-	if len(m.Manifests) > 0 {
-		for _, sub := range m.Manifests {
-			if sub.Platform.OS == "linux" && sub.Platform.Architecture == goArch() {
-				repo, _, _ := strings.Cut(image, "@")
-				if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
-					repo = repo[:i]
-				}
-				return r.imageSize(ctx, repo+"@"+sub.Digest, tlsFlag)
-			}
-		}
-		return 0
-	}
-	total := m.Config.Size
-	for _, l := range m.Layers {
-		total += l.Size
-	}
-	return total
+// imageSize is the image's size from its registry's manifest, 0 when
+// the registry does not say.
+func (r *ociRuntime) imageSize(ctx context.Context, image, _ string) int64 {
+	return registrySize(ctx, image, r.tls)
 }
 
 // classifyPull turns podman's words into a reason. Podman is a command,

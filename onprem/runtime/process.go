@@ -106,7 +106,7 @@ func (pp *processProc) Wait() Exit {
 	pp.copy.wait()
 	e := exitOf(pp.cmd.ProcessState)
 	if pp.cg != nil {
-		e = oomExit(e, pp.cg)
+		e = oomExit(e, pp.cg, false)
 		pp.cg.killAll()
 	}
 	return e

@@ -127,3 +127,19 @@ func TestUserMap(t *testing.T) {
 		}
 	}
 }
+
+func TestPullProgress(t *testing.T) {
+	for _, c := range []struct {
+		have, total int64
+		want        string
+	}{
+		{1_200_000_000, 4_000_000_000, "pulling image 1.2/4.0 GB"},
+		{32_000_000, 65_000_000, "pulling image 32/65 MB"},
+		{300_000_000, 0, "pulling image 300 MB"},
+		{5_000_000_000, 4_000_000_000, "pulling image 4.0/4.0 GB"},
+	} {
+		if got := PullProgress(c.have, c.total); got != c.want {
+			t.Errorf("PullProgress(%d, %d) = %q, want %q", c.have, c.total, got, c.want)
+		}
+	}
+}
