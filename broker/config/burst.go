@@ -1,6 +1,8 @@
 package config
 
 import (
+	"github.com/spillway-dev/spillway/onprem/runtime"
+
 	"cmp"
 	"fmt"
 	"regexp"
@@ -47,6 +49,13 @@ type Burst struct {
 	AgentGPUs string `json:"agentGPUs,omitempty"`
 	// AgentDataDir is the agent's data dir on the machine.
 	AgentDataDir string `json:"agentDataDir,omitempty"`
+	// AgentRuntime is how burst machines' agents run jobs (process or
+	// oci, docs/agent.md); ProviderRuntimes overrides it per provider
+	// (by provider name). PrePullImages is how many of the queue's
+	// most-used images a new machine pulls before its first job.
+	AgentRuntime     runtime.Config            `json:"agentRuntime,omitempty"`
+	ProviderRuntimes map[string]runtime.Config `json:"providerRuntimes,omitempty"`
+	PrePullImages    int                       `json:"prePullImages,omitempty"`
 	// RemoteDir is where the binary and agent config go on the machine.
 	RemoteDir string `json:"remoteDir,omitempty"`
 	// Binaries maps "os/arch" to a spillway binary for machines of another
@@ -211,4 +220,13 @@ func (c *Config) BurstPolicy() burst.Policy {
 		p.Priorities[pr.Name] = pr.Value
 	}
 	return p
+}
+
+// RuntimeFor is the runtime configuration of a burst machine's agent on
+// provider.
+func (b *Burst) RuntimeFor(provider string) runtime.Config {
+	if rt, ok := b.ProviderRuntimes[provider]; ok {
+		return rt
+	}
+	return b.AgentRuntime
 }

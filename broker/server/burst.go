@@ -928,7 +928,8 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 	agent := bootstrap.AgentConfig{Broker: s.cfg.AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus,
 		DataDir: s.cfg.Burst.AgentDataDir,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
-			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType}}
+			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType},
+		Runtime: s.burstRuntime(rec.Provider)}
 	registered := func(ctx context.Context) error { return s.waitRegistered(ctx, rec.ID, started) }
 	tr, err := s.burst.bootstrap(ctx, rec, prov, agent, registered)
 	var raw json.RawMessage

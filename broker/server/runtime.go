@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -10,12 +11,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
+	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
 	"github.com/spillway-dev/spillway/onprem/workdir"
 )
 
@@ -166,4 +169,39 @@ func (s *Server) getUpload(c echo.Context) error {
 	}
 	defer f.Close()
 	return c.Stream(http.StatusOK, "application/gzip", f)
+}
+
+// burstRuntime is the runtime a burst machine's agent gets: the one the
+// operator configured for its provider, plus the queue's most-used images
+// to pull while the machine comes up (oci only).
+func (s *Server) burstRuntime(provider string) *jobrt.Config {
+	rt := s.cfg.Burst.RuntimeFor(provider)
+	if rt.Kind == jobrt.KindOCI {
+		rt.PrePull = s.topImages(cmp.Or(s.cfg.Burst.PrePullImages, 3))
+	}
+	return &rt
+}
+
+// topImages are the n images most waiting and running jobs name, most
+// first (ties by name).
+func (s *Server) topImages(n int) []string {
+	s.mu.Lock()
+	count := map[string]int{}
+	for _, j := range s.jobs {
+		if j.Spec.Image != "" && !j.State.Terminal() {
+			count[j.Spec.Image]++
+		}
+	}
+	s.mu.Unlock()
+	images := make([]string, 0, len(count))
+	for img := range count {
+		images = append(images, img)
+	}
+	slices.SortFunc(images, func(a, b string) int {
+		if c := count[b] - count[a]; c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	return images[:min(n, len(images))]
 }

@@ -7,6 +7,8 @@ import (
 	"regexp"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/spillway-dev/spillway/onprem/runtime"
 )
 
 // AgentConfig is the agent's config file, written as YAML to the machine
@@ -33,6 +35,9 @@ type AgentConfig struct {
 	DataDir string `json:"dataDir"`
 	// Labels are attached to the node: pool, instance, provider, …
 	Labels map[string]string `json:"labels,omitempty"`
+	// Runtime is how the agent runs jobs, as the operator configured it
+	// for the machine's provider, with the images to pre-pull.
+	Runtime *runtime.Config `json:"runtime,omitempty"`
 }
 
 var (
