@@ -179,6 +179,8 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 		}
 		return r
 	}
+	// Until the container runs the broker keeps the job starting.
+	r.progress = "preparing the container"
 	go func() {
 		if e := ag.launch(r, job); e != nil {
 			r.mu.Lock()
