@@ -119,6 +119,7 @@ func (ag *Agent) wake() {
 // Run registers and heartbeats until ctx ends, then stops every job.
 func (ag *Agent) Run(ctx context.Context) error {
 	ag.killLeftovers()
+	ag.removeLeftoverContainers(ctx)
 	ag.prePull(ctx)
 	defer ag.shutdown()
 	backoff := 250 * time.Millisecond

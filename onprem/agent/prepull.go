@@ -32,3 +32,18 @@ func (ag *Agent) prePull(ctx context.Context) {
 		}
 	}()
 }
+
+// leftoverRemover is a runtime that can find what an earlier agent
+// process left running.
+type leftoverRemover interface {
+	RemoveLeftovers(ctx context.Context) []string
+}
+
+// removeLeftoverContainers ends the containers a crashed agent left.
+func (ag *Agent) removeLeftoverContainers(ctx context.Context) {
+	if r, ok := ag.rt.(leftoverRemover); ok {
+		for _, name := range r.RemoveLeftovers(ctx) {
+			ag.log.Warn("removed a container left by a previous agent process", "container", name)
+		}
+	}
+}

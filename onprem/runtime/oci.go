@@ -3,6 +3,8 @@ package runtime
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -157,7 +159,7 @@ func (r *ociRuntime) Start(ctx context.Context, j *Job) (Proc, *Exit) {
 	_ = r.command(ctx, "rm", "-f", "--ignore", name).Run()
 	workdir := cmpOr(j.Workdir, WorkspaceDir)
 	args := []string{"run", "--rm", "--name", name, "--pull", "never",
-		"--label", "spillway.attempt=" + j.ID,
+		"--label", "spillway.attempt=" + j.ID, "--label", "spillway.agent=" + r.agentID(),
 		"--user", fmt.Sprintf("%d:%d", id.UID, id.GID),
 		"--cap-drop", "all", "--security-opt", "no-new-privileges",
 		"--cgroup-parent", cg.rel,
@@ -445,4 +447,27 @@ func (t *tailBuffer) lastError() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return lastErrorLine(string(t.buf))
+}
+
+// agentID names this agent's containers (several agents may share a
+// host: tests, or nodes with several agents): its data dir's hash.
+func (r *ociRuntime) agentID() string {
+	sum := sha256.Sum256([]byte(r.dataDir))
+	return hex.EncodeToString(sum[:6])
+}
+
+// RemoveLeftovers removes every container an earlier process of this
+// agent started (they carry its spillway.agent label) and returns their
+// names: after an agent crash conmon keeps them running, holding cards.
+// Call it before the agent starts any attempt.
+func (r *ociRuntime) RemoveLeftovers(ctx context.Context) []string {
+	out, err := r.command(ctx, "ps", "-a", "--filter", "label=spillway.agent="+r.agentID(), "--format", "{{.Names}}").Output()
+	if err != nil {
+		return nil
+	}
+	names := strings.Fields(string(out))
+	if len(names) > 0 {
+		_ = r.command(ctx, append([]string{"rm", "-f", "--time", "0"}, names...)...).Run()
+	}
+	return names
 }

@@ -261,3 +261,41 @@ func waitFor(t testing.TB, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestOCILeftoversOfACrashedAgent: the agent dies (its podman client with
+// it); conmon keeps the container running; the next agent process on
+// the same data dir removes it, and no other agent's.
+func TestOCILeftoversOfACrashedAgent(t *testing.T) {
+	rt, img := newOCIRuntime(t)
+	other, _ := newOCIRuntime(t)
+	var out, out2 syncBuffer
+	p, e := rt.Start(context.Background(), &Job{ID: "left-1", Team: "nlp", Image: img, Output: &out, Argv: []string{"sh", "-c", "echo ready; exec sleep 300"}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	p2, e := other.Start(context.Background(), &Job{ID: "keep-1", Team: "nlp", Image: img, Output: &out2, Argv: []string{"sh", "-c", "echo ready; exec sleep 300"}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	defer func() { _ = p2.Signal(syscall.SIGKILL); p2.Wait(); other.Forget("keep-1") }()
+	waitFor(t, func() bool {
+		return strings.Contains(out.String(), "ready") && strings.Contains(out2.String(), "ready")
+	})
+	_ = syscall.Kill(-p.PGID(), syscall.SIGKILL) // the podman client dies with the agent
+	p.Wait()
+	running := func(name string) bool {
+		o, _ := rt.command(context.Background(), "ps", "--filter", "name=^"+name+"$", "--format", "{{.Names}}").Output()
+		return strings.TrimSpace(string(o)) == name
+	}
+	if !running(containerName("left-1")) {
+		t.Skip("the container died with its podman client here; nothing to clean up")
+	}
+	got := rt.RemoveLeftovers(context.Background())
+	if len(got) != 1 || got[0] != containerName("left-1") || running(containerName("left-1")) {
+		t.Fatalf("removed %v; still running: %v", got, running(containerName("left-1")))
+	}
+	if !running(containerName("keep-1")) {
+		t.Fatal("another agent's container was removed")
+	}
+	rt.Forget("left-1")
+}
