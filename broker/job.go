@@ -147,6 +147,9 @@ type Job struct {
 	Data           *JobData  `json:"data,omitempty"`
 	CheckpointStep *int64    `json:"checkpointStep,omitempty"`
 	DataWait       *DataWait `json:"dataWait,omitempty"`
+	// Progress is what a starting attempt waits for on its node ("pulling
+	// image 1.2/4.0 GB"); filled in from memory when the job is read.
+	Progress string `json:"progress,omitempty"`
 
 	History []Transition `json:"history"`
 }

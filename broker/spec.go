@@ -76,6 +76,14 @@ type Spec struct {
 	// it ends; see docs/data.md.
 	Inputs  []Input  `json:"inputs,omitempty"`
 	Outputs []Output `json:"outputs,omitempty"`
+
+	// Runtime fields (spec_runtime.go): the image to run in, the uploaded
+	// working directory, allowed mounts, shared memory and the user.
+	Image         string   `json:"image,omitempty"`
+	WorkdirUpload string   `json:"workdirUpload,omitempty"`
+	Mounts        []Mount  `json:"mounts,omitempty"`
+	ShmSize       Quantity `json:"shmSize,omitempty"`
+	User          string   `json:"user,omitempty"`
 }
 
 // Resources is what a job needs on each node.
@@ -89,6 +97,9 @@ type Resources struct {
 	Memory    Quantity `json:"memory,omitempty"`
 	// Nodes > 1 makes a gang: all nodes start together or none does.
 	Nodes int `json:"nodes,omitempty"`
+	// GPU is accepted as another name for GPUs (resources: {gpu: 1});
+	// Normalize moves it into GPUs.
+	GPU int `json:"gpu,omitempty"`
 }
 
 // Checkpoint is what a job gets before it is stopped: Signal, then Grace to
@@ -128,6 +139,8 @@ type SpecLimits struct {
 	// Buckets lists, per team, the object-store locations its jobs may
 	// read and write (inputs, outputs, checkpoint.to).
 	Buckets map[string][]string
+	// Mounts is the operator's mount allow-list.
+	Mounts []MountRule
 }
 
 // Signals a job may ask for as its checkpoint signal.
@@ -200,6 +213,7 @@ func (s *Spec) Normalize(callerTeam string, lim SpecLimits) {
 		s.Name = NameFromCommand(s.Command)
 	}
 	s.normalizeData()
+	s.normalizeRuntime()
 }
 
 // NameFromCommand makes a job name from argv[0] ("python" for
@@ -352,6 +366,7 @@ func (s *Spec) Validate(lim SpecLimits) error {
 		}
 	}
 	s.validateData(ve, lim)
+	s.validateRuntime(ve, lim)
 	return ve.err()
 }
 

@@ -102,7 +102,7 @@ func TestBadSpecs(t *testing.T) {
 		{"over 256 KiB", "name: " + huge, "", CodeTooLarge},
 		{"invalid utf-8", "name: \xff\xfe", "", CodeMalformed},
 		{"unknown top-level field", base("colour: blue"), "colour", CodeUnknownField},
-		{"unknown nested field", "resources: {gpus: 1, gpu: 2}\ncommand: [x]", "resources.gpu", CodeUnknownField},
+		{"unknown nested field", "resources: {gpus: 1, gpuCount: 2}\ncommand: [x]", "resources.gpuCount", CodeUnknownField},
 		{"field name case differs", base("Name: x"), "Name", CodeUnknownField},
 		{"zero gpus", "resources: {gpus: 0}\ncommand: [x]", "resources.gpus", CodeOutOfRange},
 		{"missing gpus", "command: [x]", "resources.gpus", CodeOutOfRange},
@@ -178,7 +178,7 @@ func TestBadSpecs(t *testing.T) {
 }
 
 func TestUnknownFieldListsKnown(t *testing.T) {
-	_, err := ParseSpec([]byte("resources: {gpu: 1}\ncommand: [x]"))
+	_, err := ParseSpec([]byte("resources: {gpuCount: 1}\ncommand: [x]"))
 	ve, _ := AsValidation(err)
 	if !strings.Contains(ve.First().Message, "gpus") {
 		t.Fatalf("message should list the known fields: %q", ve.First().Message)

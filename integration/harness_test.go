@@ -167,6 +167,10 @@ func (c *cluster) httpClient() *http.Client {
 func newCluster(t *testing.T, extraConfig string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir(), addr: freePort(t), viewer: tokAdmin}
+	// Jobs run as unprivileged uids when the tests run as root; the files
+	// tests share with their jobs live in this directory.
+	os.Chmod(filepath.Dir(c.dir), 0o755)
+	os.Chmod(c.dir, 0o777)
 	c.url = "http://" + c.addr
 	c.config = filepath.Join(c.dir, "broker.yaml")
 	cfg := fmt.Sprintf(`listen: %s

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"github.com/spillway-dev/spillway/onprem/runtime"
+
 	"cmp"
 	"fmt"
 	"regexp"
@@ -57,6 +59,13 @@ type Burst struct {
 	// agents (docs/data.md); empty: the machine's credential chain (its
 	// instance role) and AWS endpoints.
 	AgentData *staging.Config `json:"agentData,omitempty"`
+	// AgentRuntime is how burst machines' agents run jobs (process or
+	// oci, docs/agent.md); ProviderRuntimes overrides it per provider
+	// (by provider name). PrePullImages is how many of the queue's
+	// most-used images a new machine pulls before its first job.
+	AgentRuntime     runtime.Config            `json:"agentRuntime,omitempty"`
+	ProviderRuntimes map[string]runtime.Config `json:"providerRuntimes,omitempty"`
+	PrePullImages    int                       `json:"prePullImages,omitempty"`
 	// RemoteDir is where the binary and agent config go on the machine.
 	RemoteDir string `json:"remoteDir,omitempty"`
 	// Binaries maps "os/arch" to a spillway binary for machines of another
@@ -229,4 +238,13 @@ func (c *Config) BurstPolicy() burst.Policy {
 		p.Priorities[pr.Name] = pr.Value
 	}
 	return p
+}
+
+// RuntimeFor is the runtime configuration of a burst machine's agent on
+// provider.
+func (b *Burst) RuntimeFor(provider string) runtime.Config {
+	if rt, ok := b.ProviderRuntimes[provider]; ok {
+		return rt
+	}
+	return b.AgentRuntime
 }

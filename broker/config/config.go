@@ -74,6 +74,9 @@ type Config struct {
 	TLS    TLS    `json:"tls,omitempty"`
 	Limits Limits `json:"limits,omitempty"`
 	OIDC   OIDC   `json:"oidc,omitempty"`
+	// Mounts is the allow-list of host paths and volumes a job may mount
+	// (docs/jobs.md, "mounts"); anything else is refused at submit.
+	Mounts []broker.MountRule `json:"mounts,omitempty"`
 }
 
 // HA configures the leader lease that brokers sharing a Redis store hold
@@ -454,6 +457,11 @@ func (c *Config) Validate() error {
 	if !nameRe.MatchString(c.Cluster) {
 		add("cluster", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
 	}
+	for i, m := range c.Mounts {
+		if m.Source == "" || (strings.HasPrefix(m.Source, "/") && filepath.Clean(m.Source) != m.Source) || (!strings.HasPrefix(m.Source, "/") && !nameRe.MatchString(m.Source)) {
+			add(fmt.Sprintf("mounts[%d].source", i), broker.CodeInvalid, "must be a clean absolute host path or a volume name")
+		}
+	}
 	switch c.Log.Level {
 	case "", "debug", "info", "warn", "error":
 	default:
@@ -635,6 +643,7 @@ func (c *Config) SpecLimits() broker.SpecLimits {
 		DefaultPriority: c.DefaultPriority(),
 		MaxGPUs:         c.Scheduler.DefaultMaxGPUs,
 		MaxNodes:        c.Scheduler.MaxNodes,
+		Mounts:          c.Mounts,
 	}
 	for _, q := range c.Queues {
 		lim.Queues[q.Name] = broker.QueueLimits{DefaultTimeout: q.DefaultTimeout.D(), MaxTimeout: q.MaxTimeout.D()}

@@ -247,6 +247,9 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		}
 		switch r.State {
 		case agentapi.RunRunning:
+			if s.noteProgress(j, r) {
+				continue // still preparing (pulling its image)
+			}
 			if j.State == broker.StateStarting {
 				jj := cloneJob(j)
 				started := r.StartedAt
@@ -398,6 +401,7 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 		Grace:       j.Spec.Checkpoint.Grace.D(),
 		Rank:        rank,
 	}
+	s.addRuntimeFields(j, &a)
 	if len(j.Placements) > 1 {
 		a.Peers = j.Nodes()
 	}

@@ -939,7 +939,8 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 	agent := bootstrap.AgentConfig{Broker: s.cfg.AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
 		DataDir: machineDir(s.cfg.Burst.AgentDataDir, rec.ID), Data: s.cfg.Burst.AgentData,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
-			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType}}
+			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType},
+		Runtime: s.burstRuntime(rec.Provider)}
 	registered := func(ctx context.Context) error { return s.waitRegistered(ctx, rec.ID, started) }
 	tr, err := s.burst.bootstrap(ctx, rec, prov, agent, registered)
 	var raw json.RawMessage

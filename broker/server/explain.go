@@ -156,6 +156,10 @@ type ExplainExit struct {
 	// Evidence is the log line (or exit) the OOM verdict rests on.
 	Evidence string   `json:"evidence,omitempty"`
 	LogTail  []string `json:"logTail,omitempty"`
+	// Runtime is the node runtime's own account of the end (image not
+	// found, pull denied, OOM-killed by the memory limit, exit code),
+	// shown before the log.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // ExplainVerdict is the most likely reason, as a code and one sentence
@@ -436,6 +440,7 @@ func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*ExplainExit, 
 	if ended && !stoppedByBroker(x.Reason) {
 		x.OOM, x.Evidence = detectOOM(raw, x.ExitCode, x.Signal)
 	}
+	explainRuntime(x)
 	return x, nil
 }
 
@@ -527,6 +532,9 @@ func (s *Server) verdict(x *Explanation) ExplainVerdict {
 	case broker.StateTimedOut:
 		return ExplainVerdict{VerdictTimedOut, fmt.Sprintf("The job ran past its timeout of %s and was stopped; ask for a longer timeout (up to the queue's maximum) or checkpoint and resume.", j.Spec.Timeout)}
 	case broker.StateFailed:
+		if v, ok := runtimeVerdict(x); ok {
+			return v
+		}
 		if v, ok := dataFailVerdict(j); ok {
 			return v
 		}
@@ -723,6 +731,9 @@ func explainSteps(x *Explanation) []string {
 			line += fmt.Sprintf("; out of %s memory: %s", e.OOM, e.Evidence)
 		}
 		add("%s", strings.TrimSpace(line))
+		if e.Runtime != "" {
+			add("     runtime: %s", e.Runtime)
+		}
 		for _, l := range e.LogTail {
 			add("     | %s", l)
 		}

@@ -70,6 +70,9 @@ func (s *Server) submit(c echo.Context) error {
 	if err := spec.Validate(lim); err != nil {
 		return err
 	}
+	if err := s.checkUpload(spec.WorkdirUpload); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	err = s.unsatisfiableLocked(spec)
 	s.mu.Unlock()
@@ -161,6 +164,7 @@ func (s *Server) loadVisibleJob(c echo.Context) (*broker.Job, error) {
 		return nil, newError(http.StatusNotFound, "not_found", "job %s not found", clip(id))
 	}
 	s.overlayReason(j)
+	s.overlayProgress(j)
 	return j, nil
 }
 

@@ -41,6 +41,8 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/jobs/:id", s.getJob, people)
 	v1.POST("/jobs/:id/cancel", s.cancel, people)
 	v1.GET("/jobs/:id/logs", s.logs, people)
+	v1.HEAD("/uploads/:hash", s.hasUpload, people)
+	v1.PUT("/uploads/:hash", s.putUpload, people)
 
 	v1.GET("/queues", s.listQueues, people)
 	v1.GET("/nodes", s.listNodes, people)
@@ -64,6 +66,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	agents := allow(config.RoleAgent)
 	v1.POST(agentapi.PathRegister[len("/v1"):], s.register, agents)
 	v1.POST(agentapi.PathSync[len("/v1"):], s.sync, agents)
+	v1.GET(agentapi.PathUploads[len("/v1"):]+":hash", s.getUpload, agents)
 
 	s.observeRoutes(e, v1)
 	s.enrolRoutes(e, v1)

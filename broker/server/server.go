@@ -63,6 +63,10 @@ type Server struct {
 	ids     *idSource
 	started time.Time
 
+	// progress holds what starting attempts wait for, by job id
+	// ("pulling image 1.2/4.0 GB"); in memory only (runtime.go).
+	progress sync.Map
+
 	// cycleMu makes scheduling cycles one at a time (the core's buffers
 	// are reused between cycles).
 	cycleMu sync.Mutex

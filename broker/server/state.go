@@ -437,6 +437,9 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		j.Transit(ended, broker.StateFailed, agentapi.ReasonOutputsFailed, joinDetail(r.Message, exit))
 	case r.State == agentapi.RunExited && code == 0 && r.Signal == "":
 		j.Transit(ended, broker.StateSucceeded, "exited", exit)
+	case r.Reason == agentapi.ReasonImageNotFound || r.Reason == agentapi.ReasonPullDenied:
+		// Retrying cannot find an image that is not there: fail now.
+		j.Transit(ended, broker.StateFailed, r.Reason, r.Message)
 	case j.Spec.RestartPolicy == broker.RestartOnFailure && j.Retries < j.Spec.MaxRetries:
 		j.Retries++
 		backoff := retryBackoff(j.Retries)
@@ -450,8 +453,22 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		if r.State == agentapi.RunFailedToStart {
 			reason = "failed_to_start"
 		}
+		if runtimeReason(r.Reason) {
+			reason = r.Reason
+		}
 		j.Transit(ended, broker.StateFailed, reason, exit)
 	}
+}
+
+// runtimeReason reports whether an agent's reason is the runtime's own
+// account of an end (image not found, OOM by the limit, …).
+func runtimeReason(r string) bool {
+	switch r {
+	case agentapi.ReasonImageNotFound, agentapi.ReasonPullDenied, agentapi.ReasonPullFailed,
+		agentapi.ReasonOOMLimit, agentapi.ReasonOOMNode, agentapi.ReasonRuntimeError:
+		return true
+	}
+	return false
 }
 
 // retryBackoff is 10s, 20s, 40s … capped at 10 minutes.

@@ -25,8 +25,10 @@ func agentCmd(g *globals) *cobra.Command {
 		Long: `Run the node agent: it registers this machine's GPUs with the broker,
 heartbeats, runs the jobs the broker assigns and cleans up after them.
 
-With --probe it prints the GPU inventory and one telemetry sample as JSON
-and exits, to check a node by hand.`,
+With --probe it prints the GPU inventory, one telemetry sample and what
+the configured runtime can enforce on this node (the uid jobs run as, the
+memory limit, process visibility, Podman and CDI for the oci runtime) as
+JSON and exits, to check a node by hand.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfgPath != "" {
@@ -65,6 +67,9 @@ and exits, to check a node by hand.`,
 			if probe {
 				out, err := backends.Probe(backend)
 				if err != nil {
+					return err
+				}
+				if out, err = withRuntimeProbe(out, c, backend); err != nil {
 					return err
 				}
 				_, err = g.stdout.Write(out)
@@ -126,4 +131,5 @@ func mergeAgentConfig(c *agent.Config, file agent.Config, cmd *cobra.Command) {
 		c.LogLimit = file.LogLimit
 	}
 	c.Data = file.Data
+	c.Runtime = file.Runtime
 }

@@ -17,10 +17,12 @@ func runCmd(g *globals) *cobra.Command {
 	var timeout, gpuMemory string
 	var env []string
 	var wait bool
+	var rt runFlags
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- command [args...]",
 		Short: "Submit a command as a job (srun-like); --wait streams its log and exits with its code",
 		Example: `  spillway run --gpus 1 --time 2h -- python train.py
+  spillway run --image registry.example.com/nlp/train:1.2 --memory 32Gi -- python train.py
   spillway run --gpus 8 --time 30m --queue high_perf --wait -- torchrun --nproc-per-node 8 train.py`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -52,11 +54,17 @@ func runCmd(g *globals) *cobra.Command {
 				}
 				s.Env[k] = v
 			}
+			if err := rt.apply(&s); err != nil {
+				return err
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
+			if err := rt.upload(ctx, g, c, &s); err != nil {
+				return err
+			}
 			j, err := c.SubmitSpec(ctx, s)
 			if err != nil {
 				return err
@@ -87,6 +95,7 @@ func runCmd(g *globals) *cobra.Command {
 	f.StringVar((*string)(&s.Burst), "burst", "", "burst policy: never, allowed, prefer")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=value (repeatable)")
 	f.BoolVar(&wait, "wait", false, "wait for the job: stream its log, exit with its exit code")
+	rt.register(f)
 	return cmd
 }
 

@@ -44,6 +44,9 @@ func printStatus(g *globals, j *broker.Job) {
 		fmt.Fprintf(w, "GPU waits on data:\t%d%% compute while reading %.1f MB/s since %s; stage the data as inputs (cache: true) to read it from the node's cache\n",
 			j.DataWait.SMUtil, float64(j.DataWait.ReadBytesPerSec)/1e6, j.DataWait.Since.Local().Format("2006-01-02 15:04"))
 	}
+	if j.Progress != "" {
+		fmt.Fprintf(w, "Starting:\t%s\n", j.Progress)
+	}
 	if j.IdleSince != nil {
 		fmt.Fprintf(w, "Idle:\tsince %s: its GPUs hold memory but compute almost nothing\n", j.IdleSince.Local().Format("2006-01-02 15:04"))
 	}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/gpu"
+	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
 	"github.com/spillway-dev/spillway/onprem/staging"
 )
 
@@ -60,6 +61,9 @@ type Config struct {
 	// Data configures object-store access and the input cache
 	// (docs/data.md); the cache defaults to DataDir/cache, 50 GiB.
 	Data staging.Config `json:"data,omitempty"`
+	// Runtime chooses and configures how jobs run (process or oci) and
+	// as which uids (docs/agent.md, "Runtimes").
+	Runtime jobrt.Config `json:"runtime,omitempty"`
 }
 
 // maxLogPerSync bounds the log bytes sent in one heartbeat.
@@ -69,6 +73,7 @@ const maxLogPerSync = 512 << 10
 type Agent struct {
 	cfg     Config
 	backend gpu.Backend
+	rt      jobrt.Runtime
 	inv     gpu.Inventory
 	mps     bool
 	http    *http.Client
@@ -127,8 +132,12 @@ func New(cfg Config, backend gpu.Backend, log *slog.Logger) (*Agent, error) {
 	if cfg.Token == "" && cfg.JoinToken == "" {
 		return nil, errors.New("agent needs a join token (spillway node token create), a node credential from an earlier enrolment, or an agent token")
 	}
+	rt, err := jobrt.New(cfg.Runtime, jobrt.Options{DataDir: cfg.DataDir, SimulatedGPUs: inv.Backend != "nvml"})
+	if err != nil {
+		return nil, fmt.Errorf("runtime: %w", err)
+	}
 	return &Agent{
-		cfg: cfg, backend: backend, inv: inv, mps: inv.MPS,
+		cfg: cfg, backend: backend, inv: inv, mps: inv.MPS, rt: rt,
 		http:      brokerHTTP(cfg.Peers, tc),
 		log:       log.With("node", cfg.Name),
 		now:       time.Now,
@@ -151,6 +160,8 @@ func (ag *Agent) wake() {
 // Run registers and heartbeats until ctx ends, then stops every job.
 func (ag *Agent) Run(ctx context.Context) error {
 	ag.killLeftovers()
+	ag.removeLeftoverContainers(ctx)
+	ag.prePull(ctx)
 	defer ag.shutdown()
 	backoff := 250 * time.Millisecond
 	registered := false
@@ -425,6 +436,7 @@ func (ag *Agent) apply(resp *agentapi.SyncResponse) {
 			r.log.Close()
 			delete(ag.runs, ref)
 			delete(ag.sent, ref)
+			go ag.forget(ref)
 		}
 	}
 	var toStart []agentapi.Assignment

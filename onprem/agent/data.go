@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -117,42 +118,51 @@ func ckptDir(a agentapi.Assignment, workdir string) string {
 	return d
 }
 
-// startStaging restores the checkpoint and fetches the inputs in the
-// background, then starts the process. The run reports state running with
-// its staging phase meanwhile; a stop order cancels the staging.
-func (ag *Agent) startStaging(r *run, workdir string) {
+// prepareStaging makes the runtime restore the checkpoint and fetch the
+// inputs into the attempt's directory before the job starts (the job's
+// Prepare step, run in the background by startRun). The run reports state
+// running with its staging phase meanwhile; a stop order cancels the
+// staging. A staging failure is a failure to start with its own reason
+// (input_missing is never retried).
+func (ag *Agent) prepareStaging(r *run, j *jobrt.Job) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.data = &dataRun{phase: agentapi.PhaseRestore, cancel: cancel, ctx: ctx,
 		spans: []agentapi.Span{{Start: ag.now()}}}
-	go func() {
-		env, reason, err := ag.stage(ctx, r, workdir)
+	unpack := j.Prepare
+	j.Prepare = func(dir string) error {
+		if unpack != nil {
+			if err := unpack(dir); err != nil {
+				return err
+			}
+		}
+		env, reason, err := ag.stage(ctx, r, dir)
 		r.closeSpan(ag.now())
-		if err == nil {
-			r.setPhase(agentapi.PhaseRunning)
-			err = ag.execRun(r, workdir, env)
-			reason = ""
+		if err != nil {
+			ag.log.Warn("job staging ended without a start", "job", r.a.Job, "attempt", r.a.Attempt, "err", err)
+			return &jobrt.PrepareError{Reason: reason, Err: err}
 		}
-		if err == nil {
-			return
+		j.Env = append(j.Env, ag.jobPaths(dir, env)...)
+		r.setPhase(agentapi.PhaseRunning)
+		return nil
+	}
+}
+
+// jobPaths rewrites KEY=PATH variables that name a place in the attempt's
+// directory as the job sees it: the same path for the process runtime,
+// under /workspace inside an oci container.
+func (ag *Agent) jobPaths(dir string, env []string) []string {
+	if ag.rt.Kind() != jobrt.KindOCI {
+		return env
+	}
+	out := make([]string, len(env))
+	for i, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if rel, err := filepath.Rel(dir, v); err == nil && filepath.IsAbs(v) && !strings.HasPrefix(rel, "..") {
+			v = filepath.Join(jobrt.WorkspaceDir, rel)
 		}
-		r.mu.Lock()
-		r.ended = ag.now()
-		switch {
-		case r.stopping:
-			// Stopped while staging: an ordinary end of a stopped attempt.
-			r.state, r.exitCode, r.signal = agentapi.RunExited, 128+15, "SIGTERM"
-			r.data.err = ""
-		default:
-			r.state, r.exitCode = agentapi.RunFailedToStart, 127
-			r.reason, r.message = reason, err.Error()
-			r.data.err = err.Error()
-		}
-		r.data.phase = agentapi.PhaseDone
-		r.mu.Unlock()
-		close(r.done)
-		ag.wake()
-		ag.log.Warn("job staging ended without a start", "job", r.a.Job, "attempt", r.a.Attempt, "err", err)
-	}()
+		out[i] = k + "=" + v
+	}
+	return out
 }
 
 // stage restores the checkpoint and fetches the inputs, returning the

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"os"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -33,4 +34,19 @@ func waitExit(cmd *exec.Cmd, within time.Duration) error {
 	case <-time.After(within):
 		return errors.New("still running")
 	}
+}
+
+// sharedDir is a temporary directory every uid may write: jobs run as an
+// unprivileged uid when the tests run as root, and t.TempDir is private.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "spillway-shared-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

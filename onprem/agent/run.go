@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"errors"
+	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/onprem/agentapi"
+	"github.com/spillway-dev/spillway/onprem/runtime"
 )
 
 // signals maps the names a spec may use to signals.
@@ -60,6 +59,11 @@ type run struct {
 	// the broker's reason for a stop order (preempted, cancelled…).
 	data       *dataRun
 	stopReason string
+	// proc is the started attempt (nil while the oci runtime pulls);
+	// progress says what it waits for meanwhile. proc and pgid are set
+	// under the agent's lock.
+	proc     runtime.Proc
+	progress string
 	// done is closed when the process has exited and its output is copied
 	// (or the copy gave up waiting for stray writers).
 	done chan struct{}
@@ -69,7 +73,7 @@ func (r *run) report() agentapi.JobReport {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rep := agentapi.JobReport{JobRef: r.a.JobRef, State: r.state, StartedAt: r.started, ExitCode: r.exitCode,
-		Signal: r.signal, Reason: r.reason, Message: r.message, LogSize: r.log.Size()}
+		Signal: r.signal, Reason: r.reason, Message: r.message, LogSize: r.log.Size(), Progress: r.progress}
 	if r.data != nil {
 		rep.Data = r.data.reportLocked()
 	}
@@ -120,11 +124,12 @@ func (c *cappedFile) Size() int64 {
 
 func (c *cappedFile) Close() error { return c.f.Close() }
 
-// jobEnv builds the environment of an attempt.
-func jobEnv(a agentapi.Assignment, mps bool) []string {
+// jobEnv builds the environment of an attempt; a container gets its
+// image's own PATH and the like, not the agent's (inherit false).
+func jobEnv(a agentapi.Assignment, mps, inherit bool) []string {
 	var env []string
 	for _, k := range baseEnv {
-		if v, ok := os.LookupEnv(k); ok {
+		if v, ok := os.LookupEnv(k); ok && inherit {
 			env = append(env, k+"="+v)
 		}
 	}
@@ -145,16 +150,18 @@ func jobEnv(a agentapi.Assignment, mps bool) []string {
 	return env
 }
 
-// startRun starts an attempt in its own process group with its output in
-// a capped log file. A process that cannot start yields a run already in
-// state failed_to_start.
+// startRun starts an attempt through the node's runtime, with its output
+// in a capped log file the agent alone can read. An attempt that cannot
+// start yields a run already in state failed_to_start. The oci runtime may
+// have to pull the image first: that happens in the background, and the
+// run reports the pull's progress until the container starts.
 func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	now := ag.now()
-	dir := filepath.Join(ag.cfg.DataDir, "jobs", fmt.Sprintf("%s-%d", a.Job, a.Attempt))
+	id := attemptID(a.JobRef)
 	r := &run{a: a, started: now, state: agentapi.RunRunning, done: make(chan struct{}),
-		logPath: filepath.Join(dir, "output.log")}
-	fail := func(err error) *run {
-		r.state, r.ended, r.exitCode, r.message = agentapi.RunFailedToStart, ag.now(), 127, err.Error()
+		logPath: filepath.Join(ag.cfg.DataDir, "logs", id+".log")}
+	fail := func(e *runtime.Exit) *run {
+		r.state, r.ended, r.exitCode, r.reason, r.message = agentapi.RunFailedToStart, ag.now(), e.Code, e.Reason, e.Message
 		if r.log == nil {
 			r.log = &cappedFile{limit: ag.cfg.LogLimit}
 			if f, ferr := os.OpenFile(os.DevNull, os.O_WRONLY, 0); ferr == nil {
@@ -164,83 +171,122 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 		close(r.done)
 		return r
 	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return fail(fmt.Errorf("create job dir: %w", err))
+	if err := os.MkdirAll(filepath.Dir(r.logPath), 0o700); err != nil {
+		return fail(&runtime.Exit{Code: 127, Message: fmt.Sprintf("create log dir: %v", err)})
 	}
-	f, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	f, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fail(fmt.Errorf("create log: %w", err))
+		return fail(&runtime.Exit{Code: 127, Message: fmt.Sprintf("create log: %v", err)})
 	}
 	r.log = &cappedFile{f: f, limit: ag.cfg.LogLimit}
-	workdir := a.Workdir
-	if workdir == "" {
-		workdir = dir
-	}
 	if len(a.Argv) == 0 {
-		return fail(errors.New("empty command"))
+		return fail(&runtime.Exit{Code: 127, Message: "empty command"})
 	}
+	job := ag.runtimeJob(r, id)
 	if a.Data != nil {
-		ag.startStaging(r, workdir)
+		ag.prepareStaging(r, job)
+	}
+	if ag.rt.Kind() != runtime.KindOCI && a.Data == nil {
+		if e := ag.launch(r, job); e != nil {
+			return fail(e)
+		}
 		return r
 	}
-	if err := ag.execRun(r, workdir, nil); err != nil {
-		return fail(err)
+	// Until the container runs (its image pulled) or the process starts
+	// (its data staged) the broker keeps the job starting.
+	if a.Data == nil {
+		r.progress = "preparing the container"
 	}
+	go func() {
+		if e := ag.launch(r, job); e != nil {
+			r.mu.Lock()
+			r.ended, r.progress = ag.now(), ""
+			if r.stopping {
+				// Stopped before it started: an ordinary end of a stopped
+				// attempt, not a failure to start.
+				r.state, r.exitCode, r.signal = agentapi.RunExited, 128+15, "SIGTERM"
+			} else {
+				r.state, r.exitCode, r.reason, r.message = agentapi.RunFailedToStart, e.Code, e.Reason, e.Message
+			}
+			if r.data != nil {
+				r.data.phase = agentapi.PhaseDone
+				r.data.err = ""
+				if !r.stopping {
+					r.data.err = e.Message
+				}
+			}
+			r.mu.Unlock()
+			close(r.done)
+			ag.log.Warn("job failed to start", "job", a.Job, "attempt", a.Attempt, "err", e.Message)
+			ag.wake()
+		}
+	}()
 	return r
 }
 
-// execRun starts the attempt's process with extra environment variables.
-func (ag *Agent) execRun(r *run, workdir string, extraEnv []string) error {
+// attemptID names an attempt's files on the node.
+func attemptID(ref agentapi.JobRef) string { return fmt.Sprintf("%s-%d", ref.Job, ref.Attempt) }
+
+// runtimeJob describes the attempt to the runtime.
+func (ag *Agent) runtimeJob(r *run, id string) *runtime.Job {
 	a := r.a
-	cmd := exec.Command(a.Argv[0], a.Argv[1:]...)
-	cmd.Dir = workdir
-	cmd.Env = append(jobEnv(a, ag.mps), extraEnv...)
-	// Pdeathsig: the job's main process dies with the agent. An agent
-	// killed with SIGKILL cannot stop its jobs, and the broker retries a
-	// lost node's jobs elsewhere: without this the old copy would run on
-	// beside its retry (finding 8). A restarted agent kills what is left
-	// of the group (killLeftovers).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("create pipe: %w", err)
+	j := &runtime.Job{ID: id, Team: a.Team, User: a.User, Argv: a.Argv, Env: jobEnv(a, ag.mps, ag.rt.Kind() != runtime.KindOCI),
+		Image: a.Image, Workdir: a.Workdir, Memory: a.Memory, ShmSize: a.ShmSize, GPUs: a.UUIDs,
+		HostNetwork: len(a.Peers) > 1, Output: r.log,
+		Progress: func(p string) {
+			r.mu.Lock()
+			r.progress = p
+			r.mu.Unlock()
+			ag.wake()
+		}}
+	for _, m := range a.Mounts {
+		j.Mounts = append(j.Mounts, runtime.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		pr.Close()
-		pw.Close()
-		return err
+	if a.WorkdirUpload != "" {
+		j.Prepare = func(dir string) error { return ag.unpackUpload(a.WorkdirUpload, dir) }
 	}
-	pw.Close() // the child has its copy
+	return j
+}
+
+// launch starts the attempt and the goroutines that wait for it and
+// enforce its timeout.
+func (ag *Agent) launch(r *run, j *runtime.Job) *runtime.Exit {
+	a := r.a
+	proc, e := ag.rt.Start(context.Background(), j)
+	if e != nil {
+		return e
+	}
+	ag.mu.Lock()
 	r.mu.Lock()
-	r.pgid = cmd.Process.Pid
-	r.spawned = time.Now()
+	r.proc, r.pgid, r.spawned = proc, proc.PGID(), time.Now()
 	r.mu.Unlock()
-	copied := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(r.log, pr)
-		pr.Close()
-		close(copied)
-	}()
+	ag.mu.Unlock()
 	if r.data != nil {
-		go ag.syncEvery(r, workdir)
+		go ag.syncEvery(r, proc.Dir())
+	}
+	r.mu.Lock()
+	r.progress = ""
+	stopping := r.stopping
+	r.mu.Unlock()
+	if stopping {
+		// A stop came while the image was being pulled.
+		_ = proc.Signal(syscall.SIGKILL)
 	}
 	go func() {
-		err := cmd.Wait()
-		// Stray grandchildren may keep the pipe open; give the copy a
-		// moment, then report anyway (leak cleanup deals with them).
-		select {
-		case <-copied:
-		case <-time.After(2 * time.Second):
-		}
-		code, sig := exitStatus(cmd.ProcessState, err)
+		exit := proc.Wait()
 		if r.data != nil {
-			ag.finishData(r, workdir, code, sig)
+			ag.finishData(r, proc.Dir(), exit.Code, exit.Signal)
 		}
 		r.mu.Lock()
 		r.ended = ag.now()
 		r.state = agentapi.RunExited
-		r.exitCode, r.signal = code, sig
+		r.exitCode, r.signal = exit.Code, exit.Signal
+		if exit.Reason != "" && r.reason == "" {
+			r.reason = exit.Reason
+		}
+		if exit.Message != "" {
+			r.message = exit.Message
+		}
 		r.mu.Unlock()
 		ag.afterExit(r)
 		close(r.done)
@@ -257,16 +303,6 @@ func (ag *Agent) execRun(r *run, workdir string, extraEnv []string) error {
 		}()
 	}
 	return nil
-}
-
-func exitStatus(ps *os.ProcessState, err error) (int, string) {
-	if ps == nil {
-		return 127, ""
-	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal()), SignalName(ws.Signal())
-	}
-	return ps.ExitCode(), ""
 }
 
 // stopRun sends the stop signal to the attempt's process group, waits the
@@ -295,7 +331,15 @@ func (ag *Agent) stopRun(r *run, sig string, grace time.Duration, reason string)
 		s = syscall.SIGTERM
 	}
 	ag.log.Info("stopping job", "job", r.a.Job, "attempt", r.a.Attempt, "signal", sig, "grace", grace, "reason", reason)
-	_ = syscall.Kill(-pgid, s)
+	ag.mu.Lock()
+	proc := r.proc
+	ag.mu.Unlock()
+	if proc == nil {
+		// Still pulling its image: launch kills it once it starts, and
+		// the start fails if it never does.
+		return
+	}
+	_ = proc.Signal(s)
 	if s == syscall.SIGKILL {
 		return
 	}
@@ -303,7 +347,7 @@ func (ag *Agent) stopRun(r *run, sig string, grace time.Duration, reason string)
 		select {
 		case <-r.done:
 		case <-time.After(grace):
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			_ = proc.Signal(syscall.SIGKILL)
 		}
 	}()
 }

@@ -78,6 +78,9 @@ type JobReport struct {
 	// ReadBytes is what the job's processes have read from storage so far
 	// (/proc/PID/io read_bytes, summed over its process group).
 	ReadBytes int64 `json:"readBytes,omitempty"`
+	// Progress is what a starting attempt waits for ("pulling image
+	// 1.2/4.0 GB"); empty once it runs.
+	Progress string `json:"progress,omitempty"`
 }
 
 // LogChunk is a piece of an attempt's log starting at byte Offset.
@@ -142,6 +145,15 @@ type Assignment struct {
 	Peers []string `json:"peers,omitempty"`
 	// Data is what the agent stages around the attempt.
 	Data *Data `json:"data,omitempty"`
+	// Runtime fields: the user the node maps to a uid, the image (oci
+	// runtime), the allowed mounts, the memory limit and /dev/shm size in
+	// bytes, and the uploaded workdir to unpack (GET PathUploads+hash).
+	User          string  `json:"user,omitempty"`
+	Image         string  `json:"image,omitempty"`
+	Mounts        []Mount `json:"mounts,omitempty"`
+	Memory        int64   `json:"memory,omitempty"`
+	ShmSize       int64   `json:"shmSize,omitempty"`
+	WorkdirUpload string  `json:"workdirUpload,omitempty"`
 }
 
 // Data is what the agent stages around an attempt (docs/data.md).
@@ -208,6 +220,28 @@ const (
 	ReasonStagingFailed = "staging_failed"
 	// ReasonOutputsFailed: the outputs could not be uploaded.
 	ReasonOutputsFailed = "outputs_failed"
+)
+
+// Mount is one mount of an attempt, already checked against the
+// operator's allow-list by the broker.
+type Mount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+// PathUploads is where an agent fetches an uploaded workdir archive:
+// GET PathUploads + "sha256:<hex>".
+const PathUploads = "/v1/agent/uploads/"
+
+// Runtime failure reasons an agent reports in JobReport.Reason.
+const (
+	ReasonImageNotFound = "image_not_found"
+	ReasonPullDenied    = "pull_denied"
+	ReasonPullFailed    = "pull_failed"
+	ReasonOOMLimit      = "oom_limit"
+	ReasonOOMNode       = "oom_node"
+	ReasonRuntimeError  = "runtime_error"
 )
 
 // StopOrder orders the agent to stop one attempt: Signal, then Grace, then

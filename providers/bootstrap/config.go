@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/spillway-dev/spillway/onprem/runtime"
 	"github.com/spillway-dev/spillway/onprem/staging"
 )
 
@@ -41,6 +42,9 @@ type AgentConfig struct {
 	CA string `json:"ca,omitempty"`
 	// Data is the agent's object-store access and input cache.
 	Data *staging.Config `json:"data,omitempty"`
+	// Runtime is how the agent runs jobs, as the operator configured it
+	// for the machine's provider, with the images to pre-pull.
+	Runtime *runtime.Config `json:"runtime,omitempty"`
 }
 
 var (

@@ -1,0 +1,95 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/integration/fakecloud"
+	"github.com/spillway-dev/spillway/onprem/runtime/ocitest"
+)
+
+// TestBurstRunImageWithWorkdir: the on-prem card is taken, so `spillway
+// run --image … -- sh -c 'cat input.txt'` from a laptop directory bursts
+// to a machine of the fake EC2 (a real sshd host); its agent, bootstrapped
+// with the oci runtime configured for the provider and told to pre-pull
+// the queue's image, fetches the uploaded directory and runs the job in
+// the image.
+func TestBurstRunImageWithWorkdir(t *testing.T) {
+	fakecloud.RequireSSHD(t)
+	ocitest.Require(t)
+	conf := ocitest.ContainersConf(t)
+	img := ocitest.Busybox(t, conf)
+	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	remote := t.TempDir()
+	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
+	c := newCluster(t, fmt.Sprintf(`burst:
+  interval: 300ms
+  minWait: 1s
+  idleTTL: 30s
+  reconcileEvery: 2s
+  agentGPUs: sim
+  remoteDir: %s/opt
+  agentDataDir: %s/data
+  providerRuntimes:
+    aws-fake: {kind: oci, podman: {containersConf: %s}}
+providers:
+  - aws:
+      name: aws-fake
+      region: us-east-1
+      endpoint: %s
+      imageId: ami-0gpu
+      sshUser: root
+      sshPort: %d
+      instanceTypes:
+        - {name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805"}
+`, remote, remote, conf, ec2.URL, ec2.SSHPort()))
+	c.agent("onprem-1", "sim:1xH100-80GB")
+	c.waitNodes(1)
+	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
+		t.Fatal("budget set failed")
+	}
+	release := filepath.Join(c.dir, "release")
+	hold, err := c.client(tokAlice).SubmitSpec(context.Background(), broker.Spec{Resources: broker.Resources{GPUs: 1},
+		Timeout: broker.Duration(5 * time.Minute), Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.1; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.waitJob(hold.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
+	defer os.WriteFile(release, nil, 0o600)
+
+	out, errOut, code := c.cliIn(codeDir(t), tokAlice, "run", "--image", img, "--gpus", "1", "--time", "5m", "--wait", "--",
+		"sh", "-c", "cat input.txt; id -u; cat /proc/1/cgroup | grep -c libpod")
+	if code != 0 || !strings.Contains(out, "hello from the laptop") {
+		t.Fatalf("burst run: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "provisioning") {
+		t.Fatalf("the job did not burst:\n%s", errOut)
+	}
+	if strings.Contains(out, "\n0\n") {
+		t.Fatalf("the job ran as root on the burst machine: %q", out)
+	}
+	// The bootstrap wrote the provider's runtime and the image to
+	// pre-pull into the machine's agent config.
+	var cfgs []string
+	filepath.Walk(remote, func(p string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() && strings.HasSuffix(p, ".yaml") {
+			raw, _ := os.ReadFile(p)
+			cfgs = append(cfgs, string(raw))
+		}
+		return nil
+	})
+	joined := strings.Join(cfgs, "\n---\n")
+	if !strings.Contains(joined, "kind: oci") || !strings.Contains(joined, img) {
+		t.Fatalf("the burst agent's config lacks the oci runtime or the pre-pull of %s:\n%s", img, joined)
+	}
+}

@@ -1,0 +1,116 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// processRuntime runs the command as a child of the agent, as the job's
+// unprivileged uid, in its own process group and memory cgroup.
+type processRuntime struct{ *base }
+
+func (p *processRuntime) Kind() string     { return KindProcess }
+func (p *processRuntime) Forget(id string) { p.forget(id) }
+
+type processProc struct {
+	cmd  *exec.Cmd
+	dir  string
+	cg   *cgroup
+	copy *copier
+}
+
+func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
+	if j.Image != "" {
+		return nil, startFailure(ReasonRuntimeError, "this node runs jobs as processes (runtime.kind: process); a job with an image needs a node with the oci runtime")
+	}
+	if len(j.Argv) == 0 {
+		return nil, startFailure(ReasonRuntimeError, "empty command")
+	}
+	for _, m := range j.Mounts {
+		if m.Target != m.Source {
+			return nil, startFailure(ReasonRuntimeError, "mount %s → %s: the process runtime cannot move a mount; the job sees host paths where they are", m.Source, m.Target)
+		}
+	}
+	id, err := p.ident(j)
+	if err != nil {
+		return nil, startFailure(ReasonRuntimeError, "map the job's user: %v", err)
+	}
+	dir, err := p.prepareDir(j, id)
+	if err != nil {
+		return nil, prepareFailure(err)
+	}
+	cg, err := p.memoryGroup(j)
+	if err != nil {
+		return nil, startFailure(ReasonRuntimeError, "memory limit: %v", err)
+	}
+	workdir := j.Workdir
+	if workdir == "" {
+		workdir = dir
+	}
+	cmd := exec.Command(j.Argv[0], j.Argv[1:]...)
+	cmd.Dir = workdir
+	cmd.Env = append(append([]string(nil), j.Env...), "HOME="+dir, "TMPDIR="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if p.root {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		p.dropGroup(cg)
+		return nil, startFailure(ReasonRuntimeError, "create pipe: %v", err)
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		p.dropGroup(cg)
+		return nil, startFailure("", "%v", err)
+	}
+	pw.Close()
+	if cg != nil {
+		// The child is placed right after it starts; what it allocates
+		// before exec is charged to the agent, a few pages.
+		if err := cg.add(cmd.Process.Pid); err != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+			pr.Close()
+			p.dropGroup(cg)
+			return nil, startFailure(ReasonRuntimeError, "memory limit: %v", err)
+		}
+	}
+	return &processProc{cmd: cmd, dir: dir, cg: cg, copy: startCopy(j.Output, pr)}, nil
+}
+
+func (p *processRuntime) dropGroup(g *cgroup) {
+	if g != nil {
+		_ = g.remove()
+	}
+}
+
+func (pp *processProc) PGID() int   { return pp.cmd.Process.Pid }
+func (pp *processProc) Dir() string { return pp.dir }
+
+func (pp *processProc) Signal(sig syscall.Signal) error {
+	err := syscall.Kill(-pp.cmd.Process.Pid, sig)
+	if sig == syscall.SIGKILL && pp.cg != nil {
+		pp.cg.killAll()
+	}
+	return err
+}
+
+func (pp *processProc) Wait() Exit {
+	_ = pp.cmd.Wait()
+	pp.copy.wait()
+	e := exitOf(pp.cmd.ProcessState)
+	if pp.cg != nil {
+		e = oomExit(e, pp.cg, false)
+		pp.cg.killAll()
+	}
+	return e
+}
+
+// String describes the process for logs.
+func (pp *processProc) String() string { return fmt.Sprintf("pid %d", pp.cmd.Process.Pid) }

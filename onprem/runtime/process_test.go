@@ -1,0 +1,145 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// syncBuffer is a job's output collected by a test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("runtime tests need root (uids, cgroups); CI runs them as root")
+		}
+		t.Skip("runtime tests need root (uids, cgroups): run as root, or with CI=true under .ci/run")
+	}
+}
+
+func newProcess(t testing.TB) Runtime {
+	t.Helper()
+	rt, err := New(Config{Users: map[string]string{"nlp": "20901"}}, Options{DataDir: t.TempDir(), SimulatedGPUs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+func TestProcessMemoryLimitKillsAndSaysSo(t *testing.T) {
+	needRoot(t)
+	rt := newProcess(t)
+	if rt.(*processRuntime).cg == nil {
+		t.Fatalf("this node has no memory cgroup: %v", rt.(*processRuntime).cgErr)
+	}
+	var out syncBuffer
+	// 100 MB into a shell variable under a 32Mi limit.
+	p, e := rt.Start(context.Background(), &Job{ID: "oom-1", Team: "nlp", Memory: 32 << 20, Output: &out,
+		Argv: []string{"sh", "-c", `x=$(head -c 100000000 /dev/zero | tr '\0' a); echo survived`}, Env: []string{"PATH=" + os.Getenv("PATH")}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	exit := p.Wait()
+	rt.Forget("oom-1")
+	if exit.Reason != ReasonOOMLimit || !strings.Contains(exit.Message, "OOM-killed by its memory limit (resources.memory 32Mi)") {
+		t.Fatalf("exit %+v, output %q; want OOM by the limit", exit, out.String())
+	}
+	if strings.Contains(out.String(), "survived") {
+		t.Fatalf("the job outlived its limit: %q", out.String())
+	}
+}
+
+func TestProcessUnderLimitIsNotOOM(t *testing.T) {
+	needRoot(t)
+	rt := newProcess(t)
+	var out syncBuffer
+	p, e := rt.Start(context.Background(), &Job{ID: "fine-1", Team: "nlp", Memory: 256 << 20, Output: &out,
+		Argv: []string{"sh", "-c", `x=$(head -c 1000000 /dev/zero | tr '\0' a); echo ok; exit 3`}, Env: []string{"PATH=" + os.Getenv("PATH")}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	exit := p.Wait()
+	rt.Forget("fine-1")
+	if exit.Code != 3 || exit.Reason != "" || out.String() != "ok\n" {
+		t.Fatalf("exit %+v, output %q", exit, out.String())
+	}
+}
+
+func TestProcessRefusesImage(t *testing.T) {
+	rt := newProcess(t)
+	_, e := rt.Start(context.Background(), &Job{ID: "img-1", Team: "nlp", Image: "busybox", Argv: []string{"true"}, Output: &syncBuffer{}})
+	if e == nil || !strings.Contains(e.Message, "oci runtime") {
+		t.Fatalf("want a clear refusal, got %+v", e)
+	}
+}
+
+func TestUserMap(t *testing.T) {
+	dir := t.TempDir()
+	m, err := newUserMap(Config{Users: map[string]string{"nlp": "3000:3001", "nlp/alice": "3100"}, UIDRange: "4000-4001"}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		team, user string
+		want       ident
+	}{
+		{"nlp", "bob", ident{3000, 3001}},
+		{"nlp", "alice", ident{3100, 3100}},
+		{"vision", "", ident{4000, 4000}},
+		{"audio", "", ident{4001, 4001}},
+	} {
+		got, err := m.lookup(c.team, c.user)
+		if err != nil || got != c.want {
+			t.Fatalf("%s/%s: got %v, %v; want %v", c.team, c.user, got, err, c.want)
+		}
+	}
+	if _, err := m.lookup("speech", ""); err == nil || !strings.Contains(err.Error(), "used up") {
+		t.Fatalf("want the range used up, got %v", err)
+	}
+	// Kept across restarts.
+	m2, _ := newUserMap(Config{UIDRange: "4000-4001"}, dir)
+	if got, _ := m2.lookup("audio", ""); got.UID != 4001 {
+		t.Fatalf("audio lost its uid across a restart: %v", got)
+	}
+	for _, bad := range []string{"0", "0:5", "5:0", "root", ""} {
+		if _, err := newUserMap(Config{Users: map[string]string{"x": bad}}, dir); err == nil {
+			t.Fatalf("users.x: %q accepted", bad)
+		}
+	}
+}
+
+func TestPullProgress(t *testing.T) {
+	for _, c := range []struct {
+		have, total int64
+		want        string
+	}{
+		{1_200_000_000, 4_000_000_000, "pulling image 1.2/4.0 GB"},
+		{32_000_000, 65_000_000, "pulling image 32/65 MB"},
+		{300_000_000, 0, "pulling image 300 MB"},
+		{5_000_000_000, 4_000_000_000, "pulling image 4.0/4.0 GB"},
+	} {
+		if got := PullProgress(c.have, c.total); got != c.want {
+			t.Errorf("PullProgress(%d, %d) = %q, want %q", c.have, c.total, got, c.want)
+		}
+	}
+}
