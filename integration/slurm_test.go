@@ -467,7 +467,8 @@ slurm:
 
 	// 5. Nothing leaks: after a reconcile no machine runs, no record is
 	// open, nothing stays reserved.
-	time.Sleep(2 * time.Second) // two reconciles (reconcileEvery 1s)
+	lists := ec2.Calls("DescribeInstances")
+	waitFor(t, 30*time.Second, "two reconciles list the machines", func() bool { return ec2.Calls("DescribeInstances") >= lists+2 })
 	for _, in := range ec2.Instances() {
 		if in.State != "terminated" {
 			t.Errorf("instance %s is %s", in.ID, in.State)

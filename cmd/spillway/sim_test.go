@@ -93,3 +93,30 @@ func TestSimCommandErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSimSacct: Slurm accounting is a trace, picked by its header with
+// --format auto as with --format sacct.
+func TestSimSacct(t *testing.T) {
+	_, cluster := writeFiles(t)
+	trace := filepath.Join(t.TempDir(), "sacct.txt")
+	dump := "JobID|Submit|Start|End|AllocTRES|Account|Partition|State\n" +
+		"1|2026-12-01T16:00:00|2026-12-01T16:00:10|2026-12-01T17:00:10|billing=1,cpu=1,gres/gpu=1,node=1|nlp|burst|COMPLETED\n" +
+		"1.batch|2026-12-01T16:00:10|2026-12-01T16:00:10|2026-12-01T17:00:10|cpu=1,gres/gpu=1|nlp||COMPLETED\n" +
+		"2|2026-12-01T16:01:00|2026-12-01T16:01:00|2026-12-01T16:31:00|billing=1,cpu=1,gres/gpu=2,node=1|vision|burst|COMPLETED\n"
+	if err := os.WriteFile(trace, []byte(dump), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"sacct", "auto"} {
+		out, errOut, code := run(t, "sim", "--trace", trace, "--format", format, "--cluster", cluster, "--policy", "no-burst", "-o", "json")
+		if code != 0 {
+			t.Fatalf("--format %s: exit %d: %s", format, code, errOut)
+		}
+		var rep struct {
+			Trace   struct{ Jobs int }
+			Results []struct{ Jobs, Succeeded int }
+		}
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Trace.Jobs != 2 || len(rep.Results) != 1 || rep.Results[0].Succeeded != 2 {
+			t.Fatalf("--format %s: %v %+v", format, err, rep)
+		}
+	}
+}
