@@ -53,7 +53,13 @@ func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
 	cmd := exec.Command(j.Argv[0], j.Argv[1:]...)
 	cmd.Dir = workdir
 	cmd.Env = append(append([]string(nil), j.Env...), "HOME="+dir, "TMPDIR="+dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: the job's main process dies with the agent. An agent
+	// killed with SIGKILL cannot stop its jobs, and the broker retries a
+	// lost node's jobs elsewhere: without this the old copy would run on
+	// beside its retry. A restarted agent kills what is left of the group
+	// (killLeftovers). Go sets it after the uid switch, which would
+	// otherwise clear it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if p.root {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
 	}
