@@ -76,6 +76,9 @@ func newHAClusterOn(t *testing.T, addr string, n int) *haCluster {
 		rs.Close()
 	})
 	dir := t.TempDir()
+	// Jobs run as unprivileged uids when the tests run as root.
+	os.Chmod(filepath.Dir(dir), 0o755)
+	os.Chmod(dir, 0o777)
 	h := &haCluster{cluster: &cluster{t: t, dir: dir, viewer: tokAdmin}, store: store, suffix: hex.EncodeToString(b[:3]),
 		starts: filepath.Join(dir, "starts"), release: filepath.Join(dir, "release")}
 	// Jobs outlive killed agents, as on a real crash: release them at the

@@ -153,7 +153,7 @@ func (b *base) forget(id string) {
 	}
 	_ = os.RemoveAll(filepath.Join(b.jobsDir, id))
 	if b.cg != nil {
-		g := &cgroup{c: b.cg, path: filepath.Join(b.cg.root, cgroupParent, id)}
+		g := &cgroup{c: b.cg, path: filepath.Join(b.cg.root, cgroupParent, id), rel: "/" + cgroupParent + "/" + id}
 		_ = g.remove()
 	}
 }

@@ -188,12 +188,27 @@ func (g *cgroup) atLimit() bool {
 }
 
 // remove deletes the cgroup and those below it once their processes are
-// gone (it kills stragglers and retries briefly).
+// gone (it kills stragglers and retries briefly). On cgroup v1 Podman
+// makes the attempt's cgroup in every hierarchy (--cgroup-parent); those
+// go too.
 func (g *cgroup) remove() error {
+	err := g.removeTree(g.path)
+	if !g.c.v2 {
+		others, _ := filepath.Glob(filepath.Join(filepath.Dir(g.c.root), "*", strings.TrimPrefix(g.rel, "/")))
+		for _, o := range others {
+			if o != g.path {
+				_ = g.removeTree(o)
+			}
+		}
+	}
+	return err
+}
+
+func (g *cgroup) removeTree(root string) error {
 	var err error
 	for i := 0; i < 50; i++ {
 		var dirs []string
-		_ = filepath.WalkDir(g.path, func(p string, d os.DirEntry, werr error) error {
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, werr error) error {
 			if werr == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}

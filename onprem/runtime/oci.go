@@ -264,7 +264,7 @@ func (p *ociProc) Wait() Exit {
 	unsent := !p.killed
 	p.mu.Unlock()
 	e = oomExit(e, p.cg, unsent)
-	p.cg.killAll()
+	_ = p.cg.remove() // kills what is left, then removes it
 	return e
 }
 

@@ -113,7 +113,7 @@ func (pp *processProc) Wait() Exit {
 	e := exitOf(pp.cmd.ProcessState)
 	if pp.cg != nil {
 		e = oomExit(e, pp.cg, false)
-		pp.cg.killAll()
+		_ = pp.cg.remove() // kills what is left, then removes it
 	}
 	return e
 }
