@@ -183,7 +183,7 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 		return fail(fmt.Errorf("create pipe: %w", err))
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
+	if err := startCmd(cmd); err != nil {
 		pr.Close()
 		pw.Close()
 		return fail(err)
