@@ -35,16 +35,26 @@ func (s *Server) specLimitsLocked() broker.SpecLimits {
 // submit validates a spec and stores the job durably before answering 201.
 func (s *Server) submit(c echo.Context) error {
 	p := principal(c)
+	idemKey := c.Request().Header.Get(HeaderIdempotencyKey)
+	if err := checkIdemKey(idemKey); err != nil {
+		return err
+	}
+	// A user's team is known before the body is read: a team over its
+	// limits is refused before any work (a flood costs the broker little).
+	// A resent submit (same key) is not counted twice.
+	admitted := false
+	if p.Role == config.RoleUser && (idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey)) {
+		if err := s.admitSubmit(p.Team); err != nil {
+			return err
+		}
+		admitted = true
+	}
 	raw, err := io.ReadAll(io.LimitReader(c.Request().Body, broker.MaxSpecBytes+1))
 	if err != nil {
 		return errBadRequest("", broker.CodeMalformed, "read body: %v", err)
 	}
 	spec, err := broker.ParseSpec(raw)
 	if err != nil {
-		return err
-	}
-	idemKey := c.Request().Header.Get(HeaderIdempotencyKey)
-	if err := checkIdemKey(idemKey); err != nil {
 		return err
 	}
 	callerTeam := ""
@@ -63,8 +73,7 @@ func (s *Server) submit(c echo.Context) error {
 	if err := spec.Validate(lim); err != nil {
 		return err
 	}
-	if idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey) {
-		// A resent submit (same key) is not counted twice.
+	if !admitted && p.Role != config.RoleUser && (idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey)) {
 		if err := s.admitSubmit(spec.Team); err != nil {
 			return err
 		}
