@@ -28,6 +28,9 @@ func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) erro
 	if err != nil {
 		return errBadRequest("array", broker.CodeInvalid, "%v", err)
 	}
+	if err := s.checkPendingRoom(spec.Team, len(idx)); err != nil {
+		return err
+	}
 	now := s.clock.Now()
 	arrayID := s.ids.next(now)
 	out := ArraySubmitted{ArrayID: arrayID, Count: len(idx), Jobs: make([]string, len(idx)), Indexes: idx}
@@ -55,6 +58,7 @@ func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) erro
 	}
 	s.mu.Lock()
 	for _, j := range jobs {
+		s.trackPendingLocked(nil, j)
 		s.jobs[j.ID] = j
 	}
 	s.mu.Unlock()

@@ -36,6 +36,20 @@ func (s *Server) specLimitsLocked() broker.SpecLimits {
 // submit validates a spec and stores the job durably before answering 201.
 func (s *Server) submit(c echo.Context) error {
 	p := principal(c)
+	idemKey := c.Request().Header.Get(HeaderIdempotencyKey)
+	if err := checkIdemKey(idemKey); err != nil {
+		return err
+	}
+	// A user's team is known before the body is read: a team over its
+	// limits is refused before any work (a flood costs the broker little).
+	// A resent submit (same key) is not counted twice.
+	admitted := false
+	if p.Role == config.RoleUser && (idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey)) {
+		if err := s.admitSubmit(p.Team); err != nil {
+			return err
+		}
+		admitted = true
+	}
 	raw, err := io.ReadAll(io.LimitReader(c.Request().Body, broker.MaxSpecBytes+1))
 	if err != nil {
 		return errBadRequest("", broker.CodeMalformed, "read body: %v", err)
@@ -49,10 +63,6 @@ func (s *Server) submit(c echo.Context) error {
 			return errBadRequest("array", broker.CodeInvalid, "the spec says array %q and the request ?array=%q; give one", clip(spec.Array), clip(a))
 		}
 		spec.Array = a
-	}
-	idemKey := c.Request().Header.Get(HeaderIdempotencyKey)
-	if err := checkIdemKey(idemKey); err != nil {
-		return err
 	}
 	callerTeam := ""
 	if p.Role == config.RoleUser {
@@ -79,14 +89,13 @@ func (s *Server) submit(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if spec.Array != "" {
-		return s.submitArray(c, p, spec)
-	}
-	if idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey) {
-		// A resent submit (same key) is not counted twice.
-		if err := s.admitSubmit(spec.Team, 1); err != nil {
+	if !admitted && p.Role != config.RoleUser && (idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey)) {
+		if err := s.admitSubmit(spec.Team); err != nil {
 			return err
 		}
+	}
+	if spec.Array != "" {
+		return s.submitArray(c, p, spec)
 	}
 	now := s.clock.Now()
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}

@@ -35,7 +35,7 @@ func errTooMany(retryAfter int, format string, args ...any) *apiError {
 
 // admitSubmit takes one submit from team's bucket, or says how long to
 // wait. It also refuses a team at its pending cap.
-func (s *Server) admitSubmit(team string, n int) error {
+func (s *Server) admitSubmit(team string) error {
 	lim := s.cfg.Limits
 	now := s.clock.Now()
 	l := &s.limits
@@ -44,9 +44,8 @@ func (s *Server) admitSubmit(team string, n int) error {
 	if l.buckets == nil {
 		l.buckets = map[string]*bucket{}
 	}
-	if have := l.pending[team]; have+n > lim.MaxPendingPerTeam {
-		s.metrics.limited.WithLabelValues("pending_cap").Inc()
-		return errTooMany(30, "team %s has %d pending jobs and asks for %d more, past the %d limits.maxPendingPerTeam allows; wait for some to start or cancel some", team, have, n, lim.MaxPendingPerTeam)
+	if err := s.pendingRoomLocked(team, 1); err != nil {
+		return err
 	}
 	rate := float64(lim.SubmitsPerMinute) / 60 // per second
 	b, ok := l.buckets[team]
@@ -65,6 +64,24 @@ func (s *Server) admitSubmit(team string, n int) error {
 			team, lim.SubmitsPerMinute, lim.SubmitBurst, max(wait, 1))
 	}
 	b.tokens--
+	return nil
+}
+
+// checkPendingRoom refuses n more pending jobs for team past its cap (an
+// array's elements count one by one; its single call was admitted
+// already).
+func (s *Server) checkPendingRoom(team string, n int) error {
+	s.limits.mu.Lock()
+	defer s.limits.mu.Unlock()
+	return s.pendingRoomLocked(team, n)
+}
+
+func (s *Server) pendingRoomLocked(team string, n int) error {
+	capN := s.cfg.Limits.MaxPendingPerTeam
+	if have := s.limits.pending[team]; have+n > capN {
+		s.metrics.limited.WithLabelValues("pending_cap").Inc()
+		return errTooMany(30, "team %s has %d pending jobs and asks for %d more, past the %d limits.maxPendingPerTeam allows; wait for some to start or cancel some", team, have, n, capN)
+	}
 	return nil
 }
 

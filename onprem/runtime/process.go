@@ -69,7 +69,7 @@ func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
 		return nil, startFailure(ReasonRuntimeError, "create pipe: %v", err)
 	}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
+	if err := startCmd(cmd); err != nil {
 		pr.Close()
 		pw.Close()
 		p.dropGroup(cg)
