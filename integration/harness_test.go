@@ -31,6 +31,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// Jobs run as unprivileged uids (the agent's runtime); some call the
+	// binary themselves (spillway checkpoint).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	bin = filepath.Join(dir, "spillway")
 	build := exec.Command("go", "build", "-o", bin, "../cmd/spillway")
 	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
@@ -291,7 +297,8 @@ func (c *cluster) waitJob(id string, within time.Duration, what string, cond fun
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	c.t.Fatalf("job %s: %s not reached within %s (last state %q)", id, what, within, last)
+	explain, _, _ := c.cli(c.viewer, "explain", id)
+	c.t.Fatalf("job %s: %s not reached within %s (last state %q); spillway explain says:\n%s", id, what, within, last, explain)
 	return ""
 }
 
