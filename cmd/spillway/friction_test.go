@@ -91,3 +91,26 @@ func TestBurstPlanSaysNoProvider(t *testing.T) {
 		t.Fatalf("burst plan: %d\n%s%s", code, out, errOut)
 	}
 }
+
+// TestCompletion: shell completion offers job ids (with name and state),
+// queues and priorities from the broker.
+func TestCompletion(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliUser, "run", "--name", "eval", "--", "true")
+	if code != 0 {
+		t.Fatalf("run: %d %s", code, errOut)
+	}
+	id := strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	out, _, _ = runCLI(t, url, cliUser, "__complete", "status", id[:6])
+	if !strings.Contains(out, id+"\teval") {
+		t.Errorf("job id completion:\n%s", out)
+	}
+	out, _, _ = runCLI(t, url, cliUser, "__complete", "run", "--queue", "")
+	if !strings.Contains(out, "default\n") || !strings.Contains(out, "inference\n") {
+		t.Errorf("queue completion:\n%s", out)
+	}
+	out, _, _ = runCLI(t, url, cliUser, "__complete", "run", "--priority", "")
+	if !strings.Contains(out, "high\n") || !strings.Contains(out, "low\n") {
+		t.Errorf("priority completion:\n%s", out)
+	}
+}

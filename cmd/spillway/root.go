@@ -66,6 +66,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		versionCmd(g), storeCmd(g),
 	)
 	root.AddCommand(tokenCmd(g), configCmd(g))
+	addCompletions(root, g)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := root.ExecuteContext(ctx)
