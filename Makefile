@@ -83,7 +83,8 @@ dist-nfpm:
 		CGO_ENABLED=1 GOOS=linux GOARCH=$$arch CC=$$(case $$arch in arm64) echo $(CC_arm64);; *) echo $(CC_amd64);; esac) \
 			$(GO) build -trimpath -ldflags "-s -w -X $(MODULE)/broker/server.Version=$(DIST_VERSION)" -o $$out/spillway ./cmd/spillway; \
 		tar -czf dist/spillway_$(DIST_VERSION)_linux_$$arch.tar.gz -C $$out spillway -C $(CURDIR) LICENSE README.md docs deploy; \
-		VERSION=$(DIST_VERSION) ARCH=$$arch BINARY=$$out/spillway $(NFPM) pkg --packager deb --config deploy/package/nfpm.yaml --target dist/; \
+		mkdir -p dist/.pkg && cp $$out/spillway dist/.pkg/spillway; \
+		VERSION=$(DIST_VERSION) ARCH=$$arch $(NFPM) pkg --packager deb --config deploy/package/nfpm.yaml --target dist/; \
 	done
 	ls -l dist
 
