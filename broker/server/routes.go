@@ -45,6 +45,13 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/instances", s.listInstances, people)
 	v1.GET("/instances/:id", s.getInstance, people)
 	v1.GET("/burst/plan", s.burstPlan, ops)
+	// Operator controls (operator.go).
+	v1.POST("/nodes/:name/cordon", s.nodeControl("cordon"), ops)
+	v1.POST("/nodes/:name/drain", s.nodeControl("drain"), ops)
+	v1.POST("/nodes/:name/undrain", s.nodeControl("undrain"), ops)
+	v1.POST("/jobs/:id/hold", s.jobControl("hold"), people)
+	v1.POST("/jobs/:id/release", s.jobControl("release"), people)
+	v1.PUT("/jobs/:id/priority", s.jobControl("priority"), ops)
 	v1.GET("/budgets", s.listBudgets, allow(config.RoleUser, config.RoleOperator, config.RoleFinance))
 	v1.PUT("/budgets/:scope", s.setBudget, ops)
 	v1.GET("/audit", s.listAudit, allow(config.RoleOperator, config.RoleFinance))

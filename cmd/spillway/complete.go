@@ -21,7 +21,7 @@ var jobVerbs = map[string]bool{"status": true, "cancel": true, "logs": true, "ex
 func addCompletions(root *cobra.Command, g *globals) {
 	var walk func(*cobra.Command)
 	walk = func(cmd *cobra.Command) {
-		if jobVerbs[cmd.Name()] && cmd.Parent() == root {
+		if (jobVerbs[cmd.Name()] && cmd.Parent() == root) || (cmd.Parent() != nil && cmd.Parent().Name() == "job") {
 			cmd.ValidArgsFunction = func(cmd *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
 				return completeJobs(g, prefix), cobra.ShellCompDirectiveNoFileComp
 			}

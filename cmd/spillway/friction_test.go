@@ -114,3 +114,29 @@ func TestCompletion(t *testing.T) {
 		t.Errorf("priority completion:\n%s", out)
 	}
 }
+
+// TestOperatorControlsCLI: job hold/release/priority and node controls
+// from the CLI, with a unique id prefix.
+func TestOperatorControlsCLI(t *testing.T) {
+	_, url := cliBroker(t)
+	out, _, _ := runCLI(t, url, cliUser, "run", "--", "true")
+	id := strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	if out, errOut, code := runCLI(t, url, cliUser, "job", "hold", "--reason", "data not ready", id); code != 0 || !strings.Contains(out, id+" held") {
+		t.Fatalf("hold: %d %s %s", code, out, errOut)
+	}
+	if out, _, _ := runCLI(t, url, cliUser, "status", id[:12]); !strings.Contains(out, "held by alice (data not ready)") {
+		t.Fatalf("status of a held job:\n%s", out)
+	}
+	if _, errOut, code := runCLI(t, url, cliUser, "job", "priority", id, "high"); code == 0 || !strings.Contains(errOut, "may not") {
+		t.Fatalf("a user changed a priority: %d %s", code, errOut)
+	}
+	if out, errOut, code := runCLI(t, url, cliAdmin, "job", "priority", id, "high"); code != 0 || !strings.Contains(out, "priority high") {
+		t.Fatalf("priority: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(t, url, cliUser, "job", "release", id); code != 0 || !strings.Contains(out, id+" released") {
+		t.Fatalf("release: %d %s %s", code, out, errOut)
+	}
+	if _, errOut, code := runCLI(t, url, cliAdmin, "node", "cordon", "nope"); code == 0 || !strings.Contains(errOut, "node nope not found") {
+		t.Fatalf("cordon of an unknown node: %d %s", code, errOut)
+	}
+}

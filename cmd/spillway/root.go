@@ -65,7 +65,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), queueCmd(g), topCmd(g), billCmd(g), instancesCmd(g), burstCmd(g), budgetCmd(g), simCmd(g),
 		versionCmd(g), storeCmd(g),
 	)
-	root.AddCommand(tokenCmd(g), configCmd(g))
+	root.AddCommand(tokenCmd(g), configCmd(g), nodeOpsCmd(g), jobOpsCmd(g))
 	addCompletions(root, g)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
