@@ -35,3 +35,18 @@ func (c *Client) SetPriority(ctx context.Context, id, priority, reason string) (
 	err := c.getJSON(ctx, http.MethodPut, "/v1/jobs/"+url.PathEscape(id)+"/priority", bytes.NewReader(raw), "application/json", &out)
 	return &out, err
 }
+
+// Tokens lists the auth tokens in force (operator).
+func (c *Client) Tokens(ctx context.Context) ([]server.TokenView, error) {
+	var out struct {
+		Tokens []server.TokenView `json:"tokens"`
+	}
+	err := c.getJSON(ctx, http.MethodGet, "/v1/tokens", nil, "", &out)
+	return out.Tokens, err
+}
+
+// RevokeToken refuses the named token from now on (operator).
+func (c *Client) RevokeToken(ctx context.Context, name string) error {
+	var out server.TokenView
+	return c.getJSON(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(name), nil, "", &out)
+}

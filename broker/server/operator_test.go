@@ -2,10 +2,12 @@ package server
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/config"
 )
 
 // TestHoldReleasePriority: a held job is neither scheduled nor burst and
@@ -113,5 +115,40 @@ func assertAudit(t *testing.T, h *harness, actions ...string) {
 		if !seen[a] {
 			t.Errorf("audit log lacks %s", a)
 		}
+	}
+}
+
+// TestTokensListRevokeReload: operators list tokens (never secrets),
+// revoke one (refused from then on, across a restart, audited), and a
+// reload replaces the config's tokens.
+func TestTokensListRevokeReload(t *testing.T) {
+	h := newHarness(t)
+	var list struct{ Tokens []TokenView }
+	if code := h.do("GET", "/v1/tokens", tokAdmin, nil, &list); code != http.StatusOK || len(list.Tokens) == 0 {
+		t.Fatalf("list: %d %+v", code, list)
+	}
+	if code := h.do("GET", "/v1/tokens", tokAlice, nil, nil); code != http.StatusForbidden {
+		t.Fatalf("a user listed tokens: %d", code)
+	}
+	if code := h.do("DELETE", "/v1/tokens/bob", tokAdmin, nil, nil); code != http.StatusOK {
+		t.Fatalf("revoke: %d", code)
+	}
+	if code := h.do("GET", "/v1/jobs", tokBob, nil, nil); code != http.StatusUnauthorized {
+		t.Fatalf("a revoked token works: %d", code)
+	}
+	h.restart()
+	if code := h.do("GET", "/v1/jobs", tokBob, nil, nil); code != http.StatusUnauthorized {
+		t.Fatalf("a revoked token works after a restart: %d", code)
+	}
+	assertAudit(t, h, "token.revoke")
+	tokens := append([]config.Token{}, h.srv.cfg.Auth.Tokens...)
+	tokens = slices.DeleteFunc(tokens, func(tk config.Token) bool { return tk.Name == "alice" })
+	tokens = append(tokens, config.Token{Name: "carol", Role: config.RoleUser, Team: "nlp", Token: "carol-token-0123456789"})
+	h.srv.ReloadTokens(tokens)
+	if code := h.do("GET", "/v1/jobs", tokAlice, nil, nil); code != http.StatusUnauthorized {
+		t.Fatalf("a token removed by a reload works: %d", code)
+	}
+	if code := h.do("GET", "/v1/jobs", "carol-token-0123456789", nil, nil); code != http.StatusOK {
+		t.Fatalf("a token added by a reload is refused: %d", code)
 	}
 }

@@ -45,7 +45,9 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/instances", s.listInstances, people)
 	v1.GET("/instances/:id", s.getInstance, people)
 	v1.GET("/burst/plan", s.burstPlan, ops)
-	// Operator controls (operator.go).
+	// Operator controls (operator.go, tokens.go).
+	v1.GET("/tokens", s.listTokens, ops)
+	v1.DELETE("/tokens/:name", s.revokeToken, ops)
 	v1.POST("/nodes/:name/cordon", s.nodeControl("cordon"), ops)
 	v1.POST("/nodes/:name/drain", s.nodeControl("drain"), ops)
 	v1.POST("/nodes/:name/undrain", s.nodeControl("undrain"), ops)

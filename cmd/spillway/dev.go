@@ -64,7 +64,7 @@ under --dir; later starts reuse it, so jobs and tokens survive restarts.`,
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				brokerErr = runBroker(ctx, cfg, log, ready)
+				brokerErr = runBroker(ctx, cfg, log, ready, "")
 				cancel()
 			}()
 			var addr string

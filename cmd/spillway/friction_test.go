@@ -140,3 +140,36 @@ func TestOperatorControlsCLI(t *testing.T) {
 		t.Fatalf("cordon of an unknown node: %d %s", code, errOut)
 	}
 }
+
+// TestTokenListRevokeCLI: operators list tokens and revoke one by name.
+func TestTokenListRevokeCLI(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliAdmin, "token", "list")
+	if code != 0 || !strings.Contains(out, "alice") || !strings.Contains(out, "active") {
+		t.Fatalf("token list: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(t, url, cliAdmin, "token", "revoke", "alice"); code != 0 || !strings.Contains(out, "alice revoked") {
+		t.Fatalf("revoke: %d %s %s", code, out, errOut)
+	}
+	if _, _, code := runCLI(t, url, cliUser, "jobs"); code == 0 {
+		t.Fatal("a revoked token still works")
+	}
+	if out, _, _ := runCLI(t, url, cliAdmin, "token", "list"); !strings.Contains(out, "revoked") {
+		t.Fatalf("list after revoke:\n%s", out)
+	}
+}
+
+// TestServerHelpHidesClientFlags: the daemon verbs' help lists their own
+// flags, not the client's --server/--token.
+func TestServerHelpHidesClientFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	execute([]string{"server", "--help"}, &out, &errOut)
+	if strings.Contains(out.String(), "--token") || !strings.Contains(out.String(), "--config") {
+		t.Fatalf("server --help:\n%s", out.String())
+	}
+	out.Reset()
+	execute([]string{"jobs", "--help"}, &out, &errOut)
+	if !strings.Contains(out.String(), "--token") {
+		t.Fatalf("jobs --help lost the client flags:\n%s", out.String())
+	}
+}

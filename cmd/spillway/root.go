@@ -9,12 +9,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/client"
@@ -67,6 +69,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	)
 	root.AddCommand(tokenCmd(g), configCmd(g), nodeOpsCmd(g), jobOpsCmd(g))
 	addCompletions(root, g)
+	hideClientFlags(root, "server", "agent", "dev")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := root.ExecuteContext(ctx)
@@ -197,4 +200,20 @@ func show[T any](g *globals, cmd *cobra.Command, fetch func(*client.Client) (T, 
 		return g.printJSON(v)
 	}
 	return table(v)
+}
+
+// hideClientFlags keeps the client's --server, --token and --output out of
+// the help of the daemon verbs, which do not read them.
+func hideClientFlags(root *cobra.Command, names ...string) {
+	help := root.HelpFunc()
+	for _, c := range root.Commands() {
+		if !slices.Contains(names, c.Name()) {
+			continue
+		}
+		c.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+			root.PersistentFlags().VisitAll(func(f *pflag.Flag) { f.Hidden = true })
+			defer root.PersistentFlags().VisitAll(func(f *pflag.Flag) { f.Hidden = false })
+			help(cmd, args)
+		})
+	}
 }

@@ -6,7 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -25,7 +28,8 @@ func serverCmd(g *globals) *cobra.Command {
 		Long: `Run the broker: the /v1 API, the scheduler and the agents' endpoint.
 
 The configuration file is documented in docs/config.md; deploy/spillway.example.yaml
-is an annotated example.`,
+is an annotated example. SIGHUP rereads the file and applies its auth tokens
+(spillway config check FILE first); other settings need a restart.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfgPath == "" {
@@ -45,7 +49,7 @@ is an annotated example.`,
 				}
 			}
 			log := newLogger(g.stderr, cfg.Log)
-			return runBroker(cmd.Context(), cfg, log, nil)
+			return runBroker(cmd.Context(), cfg, log, nil, cfgPath)
 		},
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", "", "broker config file (YAML)")
@@ -81,7 +85,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (broke
 
 // runBroker opens the store, listens and serves until ctx ends. ready, if
 // not nil, receives the bound address once the broker accepts requests.
-func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready chan<- string) error {
+func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready chan<- string, cfgPath string) error {
 	st, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -101,6 +105,9 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 	if err != nil {
 		return err
 	}
+	if cfgPath != "" {
+		go reloadOnHUP(ctx, srv, cfgPath, log)
+	}
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
@@ -109,4 +116,28 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 		ready <- l.Addr().String()
 	}
 	return srv.Serve(ctx, l)
+}
+
+// reloadOnHUP rereads the config file on SIGHUP and applies its auth
+// tokens (docs/operations.md, "Reloading the config"): a new token works,
+// a removed one stops working, without a restart. A file that fails
+// validation changes nothing; every other setting needs a restart.
+func reloadOnHUP(ctx context.Context, srv *server.Server, path string, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			cfg, err := config.Load(path)
+			if err != nil {
+				log.Error("config reload refused; nothing changed", "file", path, "err", err)
+				continue
+			}
+			srv.ReloadTokens(cfg.Auth.Tokens)
+			log.Info("config reloaded: auth tokens applied (other settings need a restart)", "file", path)
+		}
+	}
 }
