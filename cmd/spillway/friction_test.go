@@ -173,3 +173,16 @@ func TestServerHelpHidesClientFlags(t *testing.T) {
 		t.Fatalf("jobs --help lost the client flags:\n%s", out.String())
 	}
 }
+
+// TestTopWatch: top --watch redraws (clear screen, timestamp) each
+// interval; --count bounds it for scripts and this test.
+func TestTopWatch(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliUser, "top", "--watch", "500ms", "--count", "2")
+	if code != 0 || strings.Count(out, "\x1b[H\x1b[2J") != 2 || strings.Count(out, "NODE") != 2 {
+		t.Fatalf("top --watch: %d %q %s", code, out, errOut)
+	}
+	if _, errOut, code := runCLI(t, url, cliUser, "top", "--watch", "10ms"); code == 0 || !strings.Contains(errOut, "--watch") {
+		t.Fatalf("a 10ms watch was accepted: %s", errOut)
+	}
+}
