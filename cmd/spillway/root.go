@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/client"
@@ -211,8 +210,12 @@ func hideClientFlags(root *cobra.Command, names ...string) {
 			continue
 		}
 		c.SetHelpFunc(func(cmd *cobra.Command, args []string) {
-			root.PersistentFlags().VisitAll(func(f *pflag.Flag) { f.Hidden = true })
-			defer root.PersistentFlags().VisitAll(func(f *pflag.Flag) { f.Hidden = false })
+			for _, name := range []string{"server", "token", "output"} {
+				if f := root.PersistentFlags().Lookup(name); f != nil {
+					f.Hidden = true
+					defer func() { f.Hidden = false }()
+				}
+			}
 			help(cmd, args)
 		})
 	}
