@@ -33,8 +33,12 @@ demo: build ## watch a burst: spillway dev --burst and the README's script (depl
 		SPILLWAY_SERVER=http://127.0.0.1:8090 SPILLWAY_TOKEN=$$tok sh deploy/demo/burst.sh
 
 .PHONY: test
-test: ## run every test, including the end-to-end ones in integration/
-	$(GO) test -count=1 -timeout 15m ./...
+test: ## run every test, including the end-to-end ones in integration/; lists what it skipped and why
+	@set -o pipefail; $(GO) test -count=1 -timeout 15m -json ./... | $(GO) run ./cmd/testsummary
+
+.PHONY: test-deps
+test-deps: ## install on Debian (as root) what the end-to-end tests need: sshd, Redis, Chromium, Node; start Redis
+	.ci/test-deps
 
 # The Philly trace of the standard sim scenario (docs/sim.md): the shared
 # traces folder next to the checkout, or PHILLY=/path/to/philly.csv.
@@ -73,6 +77,30 @@ bench-e2e: build ## replay deploy/bench workloads through the API against simula
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
 	set -o pipefail; for pl in false true; do \
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/mixed.txt
+# Releases (docs/operations.md, "Install from a package"). goreleaser when
+# installed; else the same archives and .deb with nfpm from the module proxy.
+DIST_VERSION ?= 0.0.0~snapshot.$(shell git rev-parse --short HEAD 2>/dev/null || echo local)
+DIST_ARCHES ?= amd64 arm64
+NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
+CC_arm64 ?= aarch64-linux-gnu-gcc
+CC_amd64 ?= $(if $(filter x86_64,$(shell uname -m)),gcc,x86_64-linux-gnu-gcc)
+
+.PHONY: dist
+dist: ## release archives and .deb packages for linux/amd64 and arm64 in dist/ (goreleaser --snapshot, else nfpm)
+	@if command -v goreleaser >/dev/null 2>&1; then goreleaser release --snapshot --clean; else $(MAKE) --no-print-directory dist-nfpm; fi
+
+.PHONY: dist-nfpm
+dist-nfpm:
+	rm -rf dist && mkdir -p dist
+	set -e; for arch in $(DIST_ARCHES); do \
+		out=dist/spillway_linux_$$arch; mkdir -p $$out; \
+		CGO_ENABLED=1 GOOS=linux GOARCH=$$arch CC=$$(case $$arch in arm64) echo $(CC_arm64);; *) echo $(CC_amd64);; esac) \
+			$(GO) build -trimpath -ldflags "-s -w -X $(MODULE)/broker/server.Version=$(DIST_VERSION)" -o $$out/spillway ./cmd/spillway; \
+		tar -czf dist/spillway_$(DIST_VERSION)_linux_$$arch.tar.gz -C $$out spillway -C $(CURDIR) LICENSE README.md docs deploy; \
+		mkdir -p dist/.pkg && cp $$out/spillway dist/.pkg/spillway; \
+		VERSION=$(DIST_VERSION) ARCH=$$arch $(NFPM) pkg --packager deb --config deploy/package/nfpm.yaml --target dist/; \
+	done
+	ls -l dist
 
 .PHONY: check
 check: ## gofmt, go vet, import boundaries, no InsecureIgnoreHostKey outside tests

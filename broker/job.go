@@ -121,6 +121,9 @@ type Job struct {
 	// Machine is the burst machine (its record id) the burst controller
 	// bound the job to; the job waits for it in state provisioning.
 	Machine string `json:"machine,omitempty"`
+	// Hold keeps a pending job out of scheduling and bursting until it is
+	// released (spillway job hold/release).
+	Hold *Hold `json:"hold,omitempty"`
 
 	Placements []Placement    `json:"placements,omitempty"`
 	Stop       *StopRequest   `json:"stop,omitempty"`
@@ -174,4 +177,11 @@ func (j *Job) Transit(at time.Time, to State, reason, detail string) {
 		t := at
 		j.EndedAt = &t
 	}
+}
+
+// Hold is who held a job, when and why.
+type Hold struct {
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
 }

@@ -46,6 +46,18 @@ type Node struct {
 	Address      string    `json:"address,omitempty"`
 	// Cache is the node's input cache (docs/data.md).
 	Cache *NodeCache `json:"cache,omitempty"`
+	// Cordon, when set, keeps new work off the node (spillway node
+	// cordon/drain); it survives the agent's re-registration.
+	Cordon *Cordon `json:"cordon,omitempty"`
+}
+
+// Cordon is an operator's mark on a node: nothing new starts there, and
+// with Drain its running jobs were sent back to the queue.
+type Cordon struct {
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
+	Drain  bool      `json:"drain,omitempty"`
 }
 
 // HealthyGPUs returns the cards the scheduler may use.

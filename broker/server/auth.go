@@ -53,8 +53,12 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, bool) {
-	for _, t := range s.staticTokens {
+	tokens, revoked := s.activeTokens()
+	for _, t := range tokens {
 		if t.Matches(secret) {
+			if revoked[tokenHash(t)] {
+				return Principal{}, false
+			}
 			return Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
 		}
 	}

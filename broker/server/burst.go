@@ -369,6 +369,8 @@ func (s *Server) burstInputLocked(ctx context.Context, now time.Time) (*burst.In
 	}
 	for _, j := range s.jobs {
 		switch {
+		case j.Hold != nil:
+			continue
 		case j.State == broker.StatePending && (j.NotBefore == nil || !now.Before(*j.NotBefore)):
 		case j.State == broker.StateProvisioning:
 		default:

@@ -306,8 +306,18 @@ func (s *Server) cancel(c echo.Context) error {
 type Whoami struct {
 	Principal
 	Version string `json:"version"`
+	// Priorities and Teams are the config's, for the CLI's completion.
+	Priorities []string `json:"priorities,omitempty"`
+	Teams      []string `json:"teams,omitempty"`
 }
 
 func (s *Server) whoami(c echo.Context) error {
-	return c.JSON(http.StatusOK, Whoami{Principal: principal(c), Version: Version})
+	w := Whoami{Principal: principal(c), Version: Version}
+	for _, p := range s.cfg.Priorities {
+		w.Priorities = append(w.Priorities, p.Name)
+	}
+	for _, t := range s.cfg.Teams {
+		w.Teams = append(w.Teams, t.Name)
+	}
+	return c.JSON(http.StatusOK, w)
 }

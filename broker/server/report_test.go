@@ -68,7 +68,7 @@ func TestUtilReportReconcilesWithLedger(t *testing.T) {
 	}
 	byTeam := map[string]UtilRow{}
 	for _, r := range rep.Rows {
-		if r.Shift != config.ShiftWeekdayDay || r.Pool != "onprem/onprem" || r.GPUModel != "H100" {
+		if r.Shift != config.ShiftWeekdayDay || r.Pool != "onprem" || r.GPUModel != "H100" {
 			t.Errorf("row key %+v: Monday 09:00 UTC on-prem H100 expected", r)
 		}
 		byTeam[r.Team] = r

@@ -73,6 +73,8 @@ type Server struct {
 	// mu guards the leader's in-memory view below. Every change is written
 	// to the store first, under mu, then applied here.
 	mu sync.Mutex
+	// tokenSt is the auth tokens in force (tokens.go); its own lock.
+	tokenSt tokenState
 	// jobs holds every non-terminal job, kept equal to the store's active
 	// index.
 	jobs  map[string]*broker.Job

@@ -217,9 +217,18 @@ func (s *Server) snapshotLocked(now time.Time) *sched.Snapshot {
 	snap := &sched.Snapshot{Now: now, Policy: sc.policy, Usage: sc.ledger.values(),
 		Nodes: make([]*broker.Node, 0, len(s.nodes)), Jobs: make([]*broker.Job, 0, len(s.jobs))}
 	for _, n := range s.nodes {
+		if n.Cordon != nil && n.State == broker.NodeReady {
+			// Cordoned: runs what it has, takes nothing new.
+			nn := *n
+			nn.State = broker.NodeDraining
+			n = &nn
+		}
 		snap.Nodes = append(snap.Nodes, n)
 	}
 	for _, j := range s.jobs {
+		if j.Hold != nil && j.State == broker.StatePending {
+			continue // held: neither scheduled nor burst
+		}
 		snap.Jobs = append(snap.Jobs, j)
 	}
 	return snap

@@ -75,7 +75,7 @@ plain HTTP instead.`,
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				brokerErr = runBroker(ctx, cfg, log, ready)
+				brokerErr = runBroker(ctx, cfg, log, ready, "")
 				cancel()
 			}()
 			var addr string

@@ -91,3 +91,98 @@ func TestBurstPlanSaysNoProvider(t *testing.T) {
 		t.Fatalf("burst plan: %d\n%s%s", code, out, errOut)
 	}
 }
+
+// TestCompletion: shell completion offers job ids (with name and state),
+// queues and priorities from the broker.
+func TestCompletion(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliUser, "run", "--name", "eval", "--", "true")
+	if code != 0 {
+		t.Fatalf("run: %d %s", code, errOut)
+	}
+	id := strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	out, _, _ = runCLI(t, url, cliUser, "__complete", "status", id[:6])
+	if !strings.Contains(out, id+"\teval") {
+		t.Errorf("job id completion:\n%s", out)
+	}
+	out, _, _ = runCLI(t, url, cliUser, "__complete", "run", "--queue", "")
+	if !strings.Contains(out, "default\n") || !strings.Contains(out, "inference\n") {
+		t.Errorf("queue completion:\n%s", out)
+	}
+	out, _, _ = runCLI(t, url, cliUser, "__complete", "run", "--priority", "")
+	if !strings.Contains(out, "high\n") || !strings.Contains(out, "low\n") {
+		t.Errorf("priority completion:\n%s", out)
+	}
+}
+
+// TestOperatorControlsCLI: job hold/release/priority and node controls
+// from the CLI, with a unique id prefix.
+func TestOperatorControlsCLI(t *testing.T) {
+	_, url := cliBroker(t)
+	out, _, _ := runCLI(t, url, cliUser, "run", "--", "true")
+	id := strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	if out, errOut, code := runCLI(t, url, cliUser, "job", "hold", "--reason", "data not ready", id); code != 0 || !strings.Contains(out, id+" held") {
+		t.Fatalf("hold: %d %s %s", code, out, errOut)
+	}
+	if out, _, _ := runCLI(t, url, cliUser, "status", id[:12]); !strings.Contains(out, "held by alice (data not ready)") {
+		t.Fatalf("status of a held job:\n%s", out)
+	}
+	if _, errOut, code := runCLI(t, url, cliUser, "job", "priority", id, "high"); code == 0 || !strings.Contains(errOut, "may not") {
+		t.Fatalf("a user changed a priority: %d %s", code, errOut)
+	}
+	if out, errOut, code := runCLI(t, url, cliAdmin, "job", "priority", id, "high"); code != 0 || !strings.Contains(out, "priority high") {
+		t.Fatalf("priority: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(t, url, cliUser, "job", "release", id); code != 0 || !strings.Contains(out, id+" released") {
+		t.Fatalf("release: %d %s %s", code, out, errOut)
+	}
+	if _, errOut, code := runCLI(t, url, cliAdmin, "node", "cordon", "nope"); code == 0 || !strings.Contains(errOut, "node nope not found") {
+		t.Fatalf("cordon of an unknown node: %d %s", code, errOut)
+	}
+}
+
+// TestTokenListRevokeCLI: operators list tokens and revoke one by name.
+func TestTokenListRevokeCLI(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliAdmin, "token", "list")
+	if code != 0 || !strings.Contains(out, "alice") || !strings.Contains(out, "active") {
+		t.Fatalf("token list: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(t, url, cliAdmin, "token", "revoke", "alice"); code != 0 || !strings.Contains(out, "alice revoked") {
+		t.Fatalf("revoke: %d %s %s", code, out, errOut)
+	}
+	if _, _, code := runCLI(t, url, cliUser, "jobs"); code == 0 {
+		t.Fatal("a revoked token still works")
+	}
+	if out, _, _ := runCLI(t, url, cliAdmin, "token", "list"); !strings.Contains(out, "revoked") {
+		t.Fatalf("list after revoke:\n%s", out)
+	}
+}
+
+// TestServerHelpHidesClientFlags: the daemon verbs' help lists their own
+// flags, not the client's --server/--token.
+func TestServerHelpHidesClientFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	execute([]string{"server", "--help"}, &out, &errOut)
+	if strings.Contains(out.String(), "--token") || !strings.Contains(out.String(), "--config") {
+		t.Fatalf("server --help:\n%s", out.String())
+	}
+	out.Reset()
+	execute([]string{"jobs", "--help"}, &out, &errOut)
+	if !strings.Contains(out.String(), "--token") {
+		t.Fatalf("jobs --help lost the client flags:\n%s", out.String())
+	}
+}
+
+// TestTopWatch: top --watch redraws (clear screen, timestamp) each
+// interval; --count bounds it for scripts and this test.
+func TestTopWatch(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliUser, "top", "--watch", "500ms", "--count", "2")
+	if code != 0 || strings.Count(out, "\x1b[H\x1b[2J") != 2 || strings.Count(out, "NODE") != 2 {
+		t.Fatalf("top --watch: %d %q %s", code, out, errOut)
+	}
+	if _, errOut, code := runCLI(t, url, cliUser, "top", "--watch", "10ms"); code == 0 || !strings.Contains(errOut, "--watch") {
+		t.Fatalf("a 10ms watch was accepted: %s", errOut)
+	}
+}

@@ -11,7 +11,8 @@ import (
 	"github.com/spillway-dev/spillway/broker/server"
 )
 
-// nodeCmd is `spillway node`: enrolment of nodes (docs/security.md).
+// nodeCmd holds the enrolment verbs of `spillway node` (docs/security.md);
+// root.go puts them under the one node command beside the operator controls.
 func nodeCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",

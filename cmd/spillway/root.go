@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -72,7 +73,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.AddCommand(explainCmd(g), reportCmd(g), unitsCmd(g), backupCmd(g), checkpointCmd(g))
-	root.AddCommand(nodeCmd(g), auditCmd(g), loginCmd(g))
+	root.AddCommand(auditCmd(g), loginCmd(g))
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.server, "server", "", "broker URL (env SPILLWAY_SERVER, or server: in ~/.config/spillway/config)")
 	pf.StringVar(&g.token, "token", "", "API token (env SPILLWAY_TOKEN, or token: in ~/.config/spillway/config)")
@@ -86,7 +87,15 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), queueCmd(g), topCmd(g), billCmd(g), instancesCmd(g), burstCmd(g), budgetCmd(g), simCmd(g),
 		versionCmd(g), storeCmd(g), slurmCmd(g),
 	)
-	root.AddCommand(tokenCmd(g), configCmd(g))
+	// spillway node: the operator's controls (control.go) and enrolment
+	// (node.go) under one verb.
+	node := nodeOpsCmd(g)
+	for _, sub := range nodeCmd(g).Commands() {
+		node.AddCommand(sub)
+	}
+	root.AddCommand(tokenCmd(g), configCmd(g), node, jobOpsCmd(g))
+	addCompletions(root, g)
+	hideClientFlags(root, "server", "agent", "dev")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := root.ExecuteContext(ctx)
@@ -232,4 +241,24 @@ func show[T any](g *globals, cmd *cobra.Command, fetch func(*client.Client) (T, 
 		return g.printJSON(v)
 	}
 	return table(v)
+}
+
+// hideClientFlags keeps the client's --server, --token and --output out of
+// the help of the daemon verbs, which do not read them.
+func hideClientFlags(root *cobra.Command, names ...string) {
+	help := root.HelpFunc()
+	for _, c := range root.Commands() {
+		if !slices.Contains(names, c.Name()) {
+			continue
+		}
+		c.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+			for _, name := range []string{"server", "token", "output"} {
+				if f := root.PersistentFlags().Lookup(name); f != nil {
+					f.Hidden = true
+					defer func() { f.Hidden = false }()
+				}
+			}
+			help(cmd, args)
+		})
+	}
 }

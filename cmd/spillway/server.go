@@ -28,7 +28,8 @@ func serverCmd(g *globals) *cobra.Command {
 		Long: `Run the broker: the /v1 API, the scheduler and the agents' endpoint.
 
 The configuration file is documented in docs/config.md; deploy/spillway.example.yaml
-is an annotated example.`,
+is an annotated example. SIGHUP rereads the file and applies its auth tokens
+(spillway config check FILE first); other settings need a restart.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfgPath == "" {
@@ -48,7 +49,7 @@ is an annotated example.`,
 				}
 			}
 			log := newLogger(g.stderr, cfg.Log)
-			return runBroker(cmd.Context(), cfg, log, nil)
+			return runBroker(cmd.Context(), cfg, log, nil, cfgPath)
 		},
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", "", "broker config file (YAML)")
@@ -84,7 +85,7 @@ func openStore(ctx context.Context, cfg *config.Config, log *slog.Logger) (broke
 
 // runBroker opens the store, listens and serves until ctx ends. ready, if
 // not nil, receives the bound address once the broker accepts requests.
-func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready chan<- string) error {
+func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready chan<- string, cfgPath string) error {
 	st, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -108,22 +109,8 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 		return err
 	}
 	// SIGHUP reads the certificate again (a renewed one goes live without
-	// a restart).
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				if err := srv.ReloadTLS(); err != nil {
-					log.Error("TLS reload failed; the old certificate stays", "err", err)
-				}
-			}
-		}
-	}()
+	// a restart) and the config's auth tokens.
+	go reloadOnHUP(ctx, srv, cfgPath, log)
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
@@ -132,4 +119,34 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 		ready <- l.Addr().String()
 	}
 	return srv.Serve(ctx, l)
+}
+
+// reloadOnHUP rereads the config file on SIGHUP and applies its auth
+// tokens (docs/operations.md, "Reloading the config"): a new token works,
+// a removed one stops working, without a restart. A file that fails
+// validation changes nothing; every other setting needs a restart.
+func reloadOnHUP(ctx context.Context, srv *server.Server, path string, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := srv.ReloadTLS(); err != nil {
+				log.Error("TLS reload failed; the old certificate stays", "err", err)
+			}
+			if path == "" {
+				continue
+			}
+			cfg, err := config.Load(path)
+			if err != nil {
+				log.Error("config reload refused; nothing changed", "file", path, "err", err)
+				continue
+			}
+			srv.ReloadTokens(cfg.Auth.Tokens)
+			log.Info("config reloaded: auth tokens applied (other settings need a restart)", "file", path)
+		}
+	}
 }

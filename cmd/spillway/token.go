@@ -17,6 +17,50 @@ func tokenCmd(g *globals) *cobra.Command {
 		Short: "API tokens for people and automation (node join tokens: spillway node token)",
 	}
 	cmd.AddCommand(tokenCreateCmd(g))
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "The tokens the broker accepts: name, role, team, revoked (operator)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ts, err := c.Tokens(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json() {
+				return g.printJSON(ts)
+			}
+			w := g.table()
+			fmt.Fprintln(w, "NAME\tROLE\tTEAM\tSTATE")
+			for _, t := range ts {
+				state := "active"
+				if t.Revoked {
+					state = "revoked"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", t.Name, t.Role, firstNonEmpty(t.Team, "-"), state)
+			}
+			return w.Flush()
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "revoke NAME",
+		Short: "Refuse a token from now on, across restarts and reloads (operator; audited)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.RevokeToken(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "token %s revoked; remove its entry from the config too\n", args[0])
+			return nil
+		},
+	})
 	return cmd
 }
 
@@ -30,7 +74,8 @@ func tokenCreateCmd(g *globals) *cobra.Command {
 		Long: `Print a new random API token and the auth.tokens entry that accepts it.
 The entry holds only the token's SHA-256, so the config file holds no
 secret: give the token to its owner (it is shown once), paste the entry
-into the broker's config and restart the broker.`,
+into the broker's config and reload it (kill -HUP the broker; spillway
+config check FILE first).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !tokenNameRe.MatchString(name) {
@@ -60,7 +105,7 @@ into the broker's config and restart the broker.`,
 			}
 			fmt.Fprintf(g.stdout, "token:        %s\ntokenSHA256:  %s\n\n", tok, hash)
 			fmt.Fprintf(g.stdout, "Give the token to %s; it is not stored anywhere and is shown only now.\n", name)
-			fmt.Fprintf(g.stdout, "Paste this under auth.tokens in the broker's config, then restart the broker:\n\n%s\n", entry)
+			fmt.Fprintf(g.stdout, "Paste this under auth.tokens in the broker's config, then reload it (kill -HUP the broker's pid):\n\n%s\n", entry)
 			return nil
 		},
 	}

@@ -27,9 +27,9 @@ type waitProgress struct {
 
 // job prints what changed since the last call.
 func (p *waitProgress) job(ctx context.Context, c *client.Client, j *broker.Job) {
-	if j.Pending != nil && j.State == broker.StatePending {
-		code, msg := j.Pending.Code, j.Pending.Message
-		if code != p.lastCode || (code == "" && msg != p.lastMsg) {
+	if j.Pending != nil {
+		code, msg := string(j.State)+"/"+j.Pending.Code, j.Pending.Message
+		if code != p.lastCode || (j.Pending.Code == "" && msg != p.lastMsg) {
 			fmt.Fprintf(p.w, "spillway: %s: %s\n", j.State, msg)
 			p.lastCode, p.lastMsg = code, msg
 		}
