@@ -10,10 +10,12 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/onprem/agentapi"
+	"github.com/spillway-dev/spillway/onprem/workdir"
 )
 
 // limitBody caps every request body and the time to send it. The cap is
-// the route's (agent syncs carry logs: maxSyncBytes) or limits.maxBodyBytes;
+// the route's (agent syncs carry logs: maxSyncBytes; uploads are working
+// directories: workdir.MaxArchive) or limits.maxBodyBytes;
 // a body sent slower than limits.readTimeout is cut off. The deadline is
 // lifted once the body is read, so a long poll or a followed log that
 // comes after it is not cut (http.Server.ReadTimeout would cut those too).
@@ -26,6 +28,11 @@ func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 		limit := int64(s.cfg.Limits.MaxBodyBytes)
 		if strings.HasPrefix(r.URL.Path, "/v1/agent/") || r.URL.Path == agentapi.PathSync || r.URL.Path == agentapi.PathRegister {
 			limit = maxSyncBytes
+		}
+		if strings.HasPrefix(r.URL.Path, "/v1/uploads/") {
+			// A packed working directory: putUpload checks it against the
+			// archive cap itself.
+			limit = workdir.MaxArchive
 		}
 		if r.ContentLength > limit {
 			return newError(http.StatusRequestEntityTooLarge, "too_large", "the request body is %d bytes; this route takes at most %d", r.ContentLength, limit)

@@ -40,6 +40,11 @@ least work, counted from the latest report. See docs/data.md.
 			var c *client.Client
 			if tok := os.Getenv("SPILLWAY_JOB_TOKEN"); tok != "" && g.token == "" && os.Getenv("SPILLWAY_TOKEN") == "" {
 				c = client.New(firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), "http://127.0.0.1:8080"), tok)
+				if ca := firstNonEmpty(g.ca, os.Getenv("SPILLWAY_CA")); ca != "" {
+					if err := c.TrustCAFile(ca); err != nil {
+						return err
+					}
+				}
 			} else if c, err = g.client(); err != nil {
 				return err
 			}

@@ -118,7 +118,7 @@ plain HTTP instead.`,
 				cliNote = writeDevCLIConfig(url, userToken, caFile)
 			}
 			if cloud != nil {
-				if err := cloud.setBudget(ctx, url, devToken(cfg, config.RoleOperator)); err != nil {
+				if err := cloud.setBudget(ctx, url, devToken(cfg, config.RoleOperator), caFile); err != nil {
 					cancel()
 					wg.Wait()
 					return err

@@ -134,8 +134,13 @@ providers:   # added by spillway dev --burst at each start
 }
 
 // setBudget gives the dev cluster a global burst budget on first start.
-func (l *localCloud) setBudget(ctx context.Context, url, operatorToken string) error {
+func (l *localCloud) setBudget(ctx context.Context, url, operatorToken, caFile string) error {
 	c := client.New(url, operatorToken)
+	if caFile != "" {
+		if err := c.TrustCAFile(caFile); err != nil {
+			return err
+		}
+	}
 	bs, err := c.Budgets(ctx)
 	if err != nil {
 		return fmt.Errorf("read budgets: %w", err)

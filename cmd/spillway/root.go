@@ -39,13 +39,16 @@ type globals struct {
 	ca     string
 	stdout io.Writer
 	stderr io.Writer
+	// term is stdout unescaped, for the CLI's own control sequences
+	// (top --watch clearing the screen); never for tenant strings.
+	term io.Writer
 }
 
 func execute(args []string, stdout, stderr io.Writer) int {
 	outEsc, errEsc := newEscapeWriter(stdout), newEscapeWriter(stderr)
 	defer outEsc.Flush()
 	defer errEsc.Flush()
-	g := &globals{stdout: stdout, stderr: stderr}
+	g := &globals{stdout: stdout, stderr: stderr, term: stdout}
 	root := &cobra.Command{
 		Use:           "spillway",
 		Short:         "Spillway schedules your own GPUs first and bursts to the cloud at peaks",

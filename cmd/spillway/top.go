@@ -44,7 +44,8 @@ func topCmd(g *globals) *cobra.Command {
 					if err != nil {
 						return err
 					}
-					fmt.Fprintf(g.stdout, "\x1b[H\x1b[2J%s  every %s (Ctrl-C stops)\n\n", time.Now().Format("15:04:05"), watch)
+					fmt.Fprint(g.term, "\x1b[H\x1b[2J")
+					fmt.Fprintf(g.stdout, "%s  every %s (Ctrl-C stops)\n\n", time.Now().Format("15:04:05"), watch)
 					if err := printTop(g, nodes, node); err != nil {
 						return err
 					}

@@ -10,12 +10,12 @@ waitfor() { # waitfor WHAT COMMAND...: retry COMMAND each second, up to 3 minute
 }
 
 echo "== 1. Fill the owned fleet: one job on both owned GPUs"
-fill=$($S run --gpus 2 --time 10m --name fill -- sleep 600 | awk '{print $2}')
+fill=$($S run --no-upload --gpus 2 --time 10m --name fill -- sleep 600 | awk '{print $2}')
 waitfor "the fill job to run" sh -c "$S status $fill | grep -q '^State: *running'"
 $S nodes
 
 echo "== 2. One more GPU job: it waits, bursts to the local cloud, runs there"
-$S run --gpus 1 --time 30m --wait --name burst-me -- \
+$S run --no-upload --gpus 1 --time 30m --wait --name burst-me -- \
   sh -c 'echo "hello from the burst machine, card $CUDA_VISIBLE_DEVICES"; sleep 8'
 $S instances
 
@@ -24,7 +24,7 @@ waitfor "the machine to end" sh -c "$S instances | grep -q terminated"
 $S instances
 
 echo "== 4. A bigger burst: the budget says no, the job stays on-prem"
-big=$($S run --gpus 1 --time 2h --name too-big -- sleep 60 | awk '{print $2}')
+big=$($S run --no-upload --gpus 1 --time 2h --name too-big -- sleep 60 | awk '{print $2}')
 waitfor "the budget to block" sh -c "$S status $big | grep -q 'burst blocked'"
 $S status $big | grep '^Waiting:'
 $S budget list
