@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"context"
+	"github.com/spillway-dev/spillway/onprem/wire"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,7 +86,8 @@ func TestDemoBurst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	run := exec.CommandContext(ctx, "sh", "../deploy/demo/burst.sh")
-	run.Env = append(os.Environ(), "HOME="+dir, "SPILLWAY="+bin, "SPILLWAY_SERVER=http://"+addr, "SPILLWAY_TOKEN="+token)
+	run.Env = append(os.Environ(), "HOME="+dir, "SPILLWAY="+bin, "SPILLWAY_SERVER=https://"+addr, "SPILLWAY_TOKEN="+token,
+		"SPILLWAY_CA="+filepath.Join(dir, "dev", "tls", wire.CAFileName))
 	out, err := run.CombinedOutput()
 	t.Logf("deploy/demo/burst.sh printed:\n%s", out)
 	if err != nil {
