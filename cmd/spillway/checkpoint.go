@@ -6,8 +6,6 @@ import (
 	"strconv"
 
 	"github.com/spf13/cobra"
-
-	"github.com/spillway-dev/spillway/broker/client"
 )
 
 func checkpointCmd(g *globals) *cobra.Command {
@@ -37,15 +35,8 @@ least work, counted from the latest report. See docs/data.md.
 			if job == "" {
 				return fmt.Errorf("--job is required outside a job (inside one, SPILLWAY_JOB_ID names it)")
 			}
-			var c *client.Client
-			if tok := os.Getenv("SPILLWAY_JOB_TOKEN"); tok != "" && g.token == "" && os.Getenv("SPILLWAY_TOKEN") == "" {
-				c = client.New(firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), "http://127.0.0.1:8080"), tok)
-				if ca := firstNonEmpty(g.ca, os.Getenv("SPILLWAY_CA")); ca != "" {
-					if err := c.TrustCAFile(ca); err != nil {
-						return err
-					}
-				}
-			} else if c, err = g.client(); err != nil {
+			c, err := g.jobClient()
+			if err != nil {
 				return err
 			}
 			ans, err := c.ReportCheckpoint(cmd.Context(), job, step)

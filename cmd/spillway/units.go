@@ -37,10 +37,8 @@ broker gives every attempt SPILLWAY_JOB_ID, SPILLWAY_SERVER and a job token
 			if job == "" {
 				return fmt.Errorf("--job is required outside a job (inside one, SPILLWAY_JOB_ID names it)")
 			}
-			var c *client.Client
-			if tok := os.Getenv("SPILLWAY_JOB_TOKEN"); tok != "" && g.token == "" && os.Getenv("SPILLWAY_TOKEN") == "" {
-				c = client.New(firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), "http://127.0.0.1:8080"), tok)
-			} else if c, err = g.client(); err != nil {
+			c, err := g.jobClient()
+			if err != nil {
 				return err
 			}
 			ans, err := c.ReportUnits(cmd.Context(), job, server.UnitsRequest{Units: n, Kind: kind, ID: id})
@@ -62,4 +60,22 @@ broker gives every attempt SPILLWAY_JOB_ID, SPILLWAY_SERVER and a job token
 	cmd.Flags().StringVar(&kind, "kind", "units", "what was produced: tokens, requests, samples, …")
 	cmd.Flags().StringVar(&id, "id", "", "idempotency id: a resend with the same id counts once")
 	return cmd
+}
+
+// jobClient is the client of the verbs a job calls about itself (units,
+// checkpoint): inside a job, with no other token given, it carries the
+// job's own token (SPILLWAY_JOB_TOKEN) to SPILLWAY_SERVER, trusting
+// --ca or SPILLWAY_CA; elsewhere it is the ordinary client.
+func (g *globals) jobClient() (*client.Client, error) {
+	tok := os.Getenv("SPILLWAY_JOB_TOKEN")
+	if tok == "" || g.token != "" || os.Getenv("SPILLWAY_TOKEN") != "" {
+		return g.client()
+	}
+	c := client.New(firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), "http://127.0.0.1:8080"), tok)
+	if ca := firstNonEmpty(g.ca, os.Getenv("SPILLWAY_CA")); ca != "" {
+		if err := c.TrustCAFile(ca); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
