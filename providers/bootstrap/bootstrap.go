@@ -134,23 +134,9 @@ func (o *Options) defaults() error {
 	if err := o.Agent.Validate(); err != nil {
 		return err
 	}
-	if o.ConnectTimeout <= 0 {
-		o.ConnectTimeout = 5 * time.Minute
-	}
-	if o.DialTimeout <= 0 {
-		o.DialTimeout = 10 * time.Second
-	}
-	if o.CommandTimeout <= 0 {
-		o.CommandTimeout = 5 * time.Minute
-	}
+	o.connectDefaults()
 	if o.RegisterTimeout <= 0 {
 		o.RegisterTimeout = 2 * time.Minute
-	}
-	if o.Backoff.Initial <= 0 {
-		o.Backoff.Initial = 250 * time.Millisecond
-	}
-	if o.Backoff.Max < o.Backoff.Initial {
-		o.Backoff.Max = max(10*time.Second, o.Backoff.Initial)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -315,4 +301,24 @@ func platformOf(uname string) string {
 		arch = f[1]
 	}
 	return goos + "/" + arch
+}
+
+// connectDefaults fills the SSH timeouts and retry backoff left zero; the
+// agent bootstrap and RunScripts share them.
+func (o *Options) connectDefaults() {
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Minute
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 10 * time.Second
+	}
+	if o.CommandTimeout <= 0 {
+		o.CommandTimeout = 5 * time.Minute
+	}
+	if o.Backoff.Initial <= 0 {
+		o.Backoff.Initial = 250 * time.Millisecond
+	}
+	if o.Backoff.Max < o.Backoff.Initial {
+		o.Backoff.Max = max(10*time.Second, o.Backoff.Initial)
+	}
 }

@@ -48,21 +48,7 @@ func RunScripts(ctx context.Context, target Target, steps []ScriptStep, so Scrip
 
 func runScripts(ctx context.Context, target Target, steps []ScriptStep, so ScriptOptions, tr *Transcript) error {
 	opts := Options{ConnectTimeout: so.ConnectTimeout, DialTimeout: so.DialTimeout, CommandTimeout: so.CommandTimeout, Backoff: so.Backoff}
-	if opts.ConnectTimeout <= 0 {
-		opts.ConnectTimeout = 5 * time.Minute
-	}
-	if opts.DialTimeout <= 0 {
-		opts.DialTimeout = 10 * time.Second
-	}
-	if opts.CommandTimeout <= 0 {
-		opts.CommandTimeout = 5 * time.Minute
-	}
-	if opts.Backoff.Initial <= 0 {
-		opts.Backoff.Initial = 250 * time.Millisecond
-	}
-	if opts.Backoff.Max < opts.Backoff.Initial {
-		opts.Backoff.Max = max(10*time.Second, opts.Backoff.Initial)
-	}
+	opts.connectDefaults()
 	t0 := time.Now()
 	client, hostKey, err := connect(ctx, target, opts, tr)
 	tr.Phases.Connect = time.Since(t0)
