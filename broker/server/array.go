@@ -46,7 +46,13 @@ func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) erro
 		out.Jobs[k] = j.ID
 	}
 	ctx := c.Request().Context()
+	audit, audited := s.auditInTx(c, http.StatusCreated)
 	if err := s.store.Update(ctx, func(tx broker.Tx) error {
+		if audit != nil {
+			if err := audit(tx); err != nil {
+				return err
+			}
+		}
 		for _, j := range jobs {
 			if err := broker.PutJob(tx, j); err != nil {
 				return err
@@ -56,6 +62,7 @@ func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) erro
 	}); err != nil {
 		return fmt.Errorf("store array: %w", err)
 	}
+	audited()
 	s.mu.Lock()
 	for _, j := range jobs {
 		s.trackPendingLocked(nil, j)

@@ -23,6 +23,11 @@ import (
 // Not recorded: agents' heartbeats and jobs' units reports (the data
 // plane, many a second) and submits refused by a team limit (429, counted
 // in spillway_requests_limited_total), so a flood cannot flood the log.
+//
+// A handler whose answer follows from its own transaction (a submit:
+// 201 once the job is stored) writes the record in that transaction
+// (auditInTx), so the call costs one commit, not two; the middleware then
+// writes nothing more.
 func (s *Server) auditMutations(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
@@ -31,11 +36,15 @@ func (s *Server) auditMutations(next echo.HandlerFunc) echo.HandlerFunc {
 		default:
 			return next(c)
 		}
-		route := c.Path()
-		if r.URL.Path == agentapi.PathSync || strings.HasSuffix(route, "/units") {
+		if r.URL.Path == agentapi.PathSync || strings.HasSuffix(c.Path(), "/units") {
 			return next(c)
 		}
+		call := &auditCall{}
+		c.Set(auditCallKey, call)
 		err := next(c)
+		if call.written {
+			return err
+		}
 		status := c.Response().Status
 		if err != nil {
 			status = errorStatus(err)
@@ -43,27 +52,53 @@ func (s *Server) auditMutations(next echo.HandlerFunc) echo.HandlerFunc {
 		if status == http.StatusTooManyRequests {
 			return err
 		}
-		p := principal(c)
-		by := p.Name
-		if by == "" {
-			by = "anonymous"
-		}
-		var target []string
-		for _, n := range c.ParamNames() {
-			target = append(target, n+"="+c.Param(n))
-		}
-		now := s.clock.Now()
-		rec := broker.AuditRecord{At: now, By: by, Role: p.Role, Action: r.Method + " " + route, Target: strings.Join(target, ","),
-			Method: r.Method, Path: r.URL.Path, Status: status, Remote: c.RealIP()}
-		id := s.ids.next(now)
+		id, rec := s.auditRecord(c, status)
 		// The audit write must not be undone by the request's own end.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
 		defer cancel()
 		if aerr := s.store.Batch(ctx, func(tx broker.Tx) error { return broker.AppendAudit(tx, id, rec) }); aerr != nil {
-			s.log.Error("audit record not written", "err", aerr, "by", by, "action", rec.Action, "path", rec.Path, "status", status)
+			s.log.Error("audit record not written", "err", aerr, "by", rec.By, "action", rec.Action, "path", rec.Path, "status", status)
 		}
 		return err
 	}
+}
+
+// auditCallKey holds the request's *auditCall in the echo context.
+const auditCallKey = "spillway.audit"
+
+// auditCall says whether the handler wrote the call's audit record itself.
+type auditCall struct{ written bool }
+
+// auditRecord is the audit record of the call c answered with status.
+func (s *Server) auditRecord(c echo.Context, status int) (string, broker.AuditRecord) {
+	r := c.Request()
+	p := principal(c)
+	by := p.Name
+	if by == "" {
+		by = "anonymous"
+	}
+	var target []string
+	for _, n := range c.ParamNames() {
+		target = append(target, n+"="+c.Param(n))
+	}
+	now := s.clock.Now()
+	route := c.Path()
+	rec := broker.AuditRecord{At: now, By: by, Role: p.Role, Action: r.Method + " " + route, Target: strings.Join(target, ","),
+		Method: r.Method, Path: r.URL.Path, Status: status, Remote: c.RealIP()}
+	return s.ids.next(now), rec
+}
+
+// auditInTx prepares the call's audit record for an answer of status, to
+// be written by the handler's own transaction: put is nil when the call
+// is not audited. done marks the record written, once that transaction
+// has committed.
+func (s *Server) auditInTx(c echo.Context, status int) (put func(broker.Tx) error, done func()) {
+	call, _ := c.Get(auditCallKey).(*auditCall)
+	if call == nil {
+		return nil, func() {}
+	}
+	id, rec := s.auditRecord(c, status)
+	return func(tx broker.Tx) error { return broker.AppendAudit(tx, id, rec) }, func() { call.written = true }
 }
 
 // errorStatus is the status errorHandler will answer err with.

@@ -20,6 +20,7 @@ func TestAuditMutations(t *testing.T) {
 	j := h.submit(tokAlice, oneGPU)
 	h.do("POST", "/v1/jobs/"+j.ID+"/cancel", tokAlice, nil, nil)
 	h.do("POST", "/v1/jobs/"+j.ID+"/cancel", "", nil, nil)             // 401
+	h.do("POST", "/v1/jobs", tokAlice, `{"resources": {"gpus": -1}}`, nil) // 400
 	h.do("PUT", "/v1/budgets/global", tokAlice, `{"limit": "5"}`, nil) // 403
 	h.do("PUT", "/v1/budgets/global", tokAdmin, `{"limit": "5"}`, nil)
 	h.do("POST", "/v1/jointokens", tokAdmin, JoinTokenRequest{}, nil)
@@ -49,6 +50,7 @@ func TestAuditMutations(t *testing.T) {
 	for _, want := range []string{
 		"agents POST /v1/agent/register  200",
 		"alice POST /v1/jobs  201",
+		"alice POST /v1/jobs  400",
 		"alice POST /v1/jobs/:id/cancel id=" + j.ID + " 200",
 		"anonymous POST /v1/jobs/:id/cancel id=" + j.ID + " 401",
 		"alice PUT /v1/budgets/:scope scope=global 403",
@@ -62,6 +64,11 @@ func TestAuditMutations(t *testing.T) {
 	}
 	if strings.Contains(got, agentapi.PathSync) || strings.Count(got, "bob POST /v1/jobs") != 1 {
 		t.Errorf("heartbeats or 429s in the audit log:\n%s", got)
+	}
+	// A submit writes its record in its own transaction: once, not again
+	// by the middleware.
+	if n := strings.Count(got, "alice POST /v1/jobs  201"); n != 1 {
+		t.Errorf("%d records of alice's one submit:\n%s", n, got)
 	}
 	// The export.
 	req, _ := http.NewRequest("GET", h.http.URL+"/v1/audit?format=csv&from=2020-01-01", nil)

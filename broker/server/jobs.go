@@ -83,11 +83,13 @@ func (s *Server) submit(c echo.Context) error {
 	if err := s.checkUpload(spec.WorkdirUpload); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	err = s.unsatisfiableLocked(spec)
-	s.mu.Unlock()
-	if err != nil {
-		return err
+	if spec.Resources.GPUModel != "" {
+		s.mu.Lock()
+		err = s.unsatisfiableLocked(spec)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	if !admitted && p.Role != config.RoleUser && (idemKey == "" || !s.seenIdemKey(c.Request().Context(), p.Name, idemKey)) {
 		if err := s.admitSubmit(spec.Team); err != nil {
@@ -104,8 +106,15 @@ func (s *Server) submit(c echo.Context) error {
 	ctx := c.Request().Context()
 	region := trace.StartRegion(ctx, "broker.submit.store")
 	var prior *broker.Job
+	// The call's audit record (201) goes in the job's own transaction.
+	audit, audited := s.auditInTx(c, http.StatusCreated)
 	err = s.store.Batch(ctx, func(tx broker.Tx) error {
 		prior = nil
+		if audit != nil {
+			if err := audit(tx); err != nil {
+				return err
+			}
+		}
 		if idemKey != "" {
 			var err error
 			if prior, err = priorSubmit(tx, p.Name, idemKey, raw); err != nil || prior != nil {
@@ -118,6 +127,9 @@ func (s *Server) submit(c echo.Context) error {
 		return broker.PutJob(tx, j)
 	})
 	region.End()
+	if err == nil {
+		audited()
+	}
 	if err != nil {
 		var ae *apiError
 		if errors.As(err, &ae) {
@@ -179,25 +191,39 @@ func (s *Server) loadVisibleJob(c echo.Context) (*broker.Job, error) {
 
 // overlayReason puts the latest pending reason (with queue position) on a
 // job read from the store.
-func (s *Server) overlayReason(j *broker.Job) {
-	if j.State != broker.StatePending && j.State != broker.StateProvisioning {
+func (s *Server) overlayReason(j *broker.Job) { s.overlayReasons([]*broker.Job{j}) }
+
+// overlayReasons is overlayReason for a page of jobs, under one hold of
+// the broker's lock (a listing waits for it at most once).
+func (s *Server) overlayReasons(jobs []*broker.Job) {
+	waiting := false
+	for _, j := range jobs {
+		waiting = waiting || j.State == broker.StatePending || j.State == broker.StateProvisioning
+	}
+	if !waiting {
 		return
 	}
 	s.mu.Lock()
-	r, ok := s.reasons[j.ID]
-	br, bok := s.burst.reasons[j.ID]
-	s.mu.Unlock()
-	if bok {
-		// The burst controller's word first (why it does not rent, or how
-		// far the machine is), then the scheduler's with the position.
-		if ok && r.Message != "" {
-			br.Message += "; " + r.Message
-			br.Position, br.EstimatedStart = r.Position, r.EstimatedStart
+	defer s.mu.Unlock()
+	for _, j := range jobs {
+		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
+			continue
 		}
-		r, ok = br, true
-	}
-	if ok {
-		j.Pending = &r
+		r, ok := s.reasons[j.ID]
+		br, bok := s.burst.reasons[j.ID]
+		if bok {
+			// The burst controller's word first (why it does not rent, or
+			// how far the machine is), then the scheduler's with the
+			// position.
+			if ok && r.Message != "" {
+				br.Message += "; " + r.Message
+				br.Position, br.EstimatedStart = r.Position, r.EstimatedStart
+			}
+			r, ok = br, true
+		}
+		if ok {
+			j.Pending = &r
+		}
 	}
 }
 
@@ -253,9 +279,7 @@ func (s *Server) listJobs(c echo.Context) error {
 	if out.Jobs == nil {
 		out.Jobs = []*broker.Job{}
 	}
-	for _, j := range out.Jobs {
-		s.overlayReason(j)
-	}
+	s.overlayReasons(out.Jobs)
 	return c.JSON(http.StatusOK, out)
 }
 
