@@ -19,9 +19,9 @@ func TestAuditMutations(t *testing.T) {
 	a := h.agent("gpu-a", 1)
 	j := h.submit(tokAlice, oneGPU)
 	h.do("POST", "/v1/jobs/"+j.ID+"/cancel", tokAlice, nil, nil)
-	h.do("POST", "/v1/jobs/"+j.ID+"/cancel", "", nil, nil)             // 401
+	h.do("POST", "/v1/jobs/"+j.ID+"/cancel", "", nil, nil)                 // 401
 	h.do("POST", "/v1/jobs", tokAlice, `{"resources": {"gpus": -1}}`, nil) // 400
-	h.do("PUT", "/v1/budgets/global", tokAlice, `{"limit": "5"}`, nil) // 403
+	h.do("PUT", "/v1/budgets/global", tokAlice, `{"limit": "5"}`, nil)     // 403
 	h.do("PUT", "/v1/budgets/global", tokAdmin, `{"limit": "5"}`, nil)
 	h.do("POST", "/v1/jointokens", tokAdmin, JoinTokenRequest{}, nil)
 	a.sync()
