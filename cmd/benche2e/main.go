@@ -163,6 +163,9 @@ scheduler:
   interval: %s
 agents:
   heartbeatInterval: 2s
+# The replay is one team submitting as fast as it can: the flood limits
+# (issue #15) would turn it into a test of the rate limit.
+limits: {submitsPerMinute: 1000000, submitBurst: 1000000, maxPendingPerTeam: 10000000}
 auth:
   tokens:
 %s    - {name: admin, role: operator, token: %s}

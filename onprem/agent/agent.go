@@ -294,9 +294,7 @@ func (ag *Agent) unhealthyCopy() map[int]string {
 
 // syncOnce sends one heartbeat and carries out the answer. While nothing
 // happens the broker holds the request up to one interval (long poll); a
-// job ending cuts the wait short. A report of ended jobs waits too: the
-// broker records the ends first, and the cycle they trigger answers it
-// with the cards' next starts, so a card is reused in one round trip.
+// job ending cuts the wait short.
 func (ag *Agent) syncOnce(ctx context.Context) error {
 	ag.gatherEnds(ctx)
 	req := ag.buildSync()
@@ -365,8 +363,7 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 			rep.ReadBytes = readBytes(r.group())
 		}
 		req.Jobs = append(req.Jobs, rep)
-		if rep.State == agentapi.RunRunning && r.isDone() {
-			// Ended, but the end waits for its log: send the rest now.
+		if rep.State != agentapi.RunRunning || r.isDone() {
 			req.Wait = 0
 		}
 	}
