@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
@@ -331,8 +330,8 @@ func (s *Server) endedMachineLocked(name string) bool {
 	if !ok {
 		return false
 	}
-	switch burst.MachineState(r.State) {
-	case burst.Draining, burst.Terminating, burst.Terminated, burst.Failed:
+	switch r.State {
+	case broker.MachineDraining, broker.MachineTerminating, broker.MachineTerminated, broker.MachineFailed:
 		return true
 	}
 	return false
