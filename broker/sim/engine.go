@@ -10,12 +10,14 @@
 // time), burst ticks and timers. After the events of one instant, one
 // scheduling cycle runs, as the broker runs one after a submit or a
 // freed GPU: fair-share usage advanced, a snapshot, sched.Schedule, the
-// plan applied as broker/server applies it. The burst controller decides
-// on its own grid (burst.interval), as the broker's burst loop does: an
-// input built from the jobs and machines as broker/server builds it,
-// burst.Decide, and the decision carried out — launches with budget
-// reservations and jobs bound to the machine, binds, drains and
-// scale-downs, idle marks. Randomness (lead times, capacity failures)
+// plan applied through the job lifecycle rules of package broker (Start,
+// RequestStop, Preempted). The burst controller decides on its own grid
+// (burst.interval): broker/burstctl — the executor the broker runs —
+// builds the input, burst.Decide decides, and burstctl carries it out on
+// the simulated fleet (simFleet): launches with budget reservations in a
+// broker.MemStore, fallbacks, binds, drains and scale-downs, idle marks,
+// budget months in the billing zone, spend settled slice by slice by the
+// broker's meter and Settle. Randomness (lead times, capacity failures)
 // comes from generators seeded by Options.Seed, so a seed gives the same
 // report to the bit. docs/sim.md has the model and what it leaves out.
 package sim
@@ -549,7 +551,7 @@ func (e *engine) boundToReady() bool {
 	return false
 }
 
-// apply carries a plan out as broker/server's applyLocked does, with
+// apply carries a plan out through the job lifecycle rules, with
 // simulated agents that start jobs at once and report their ends. Jobs
 // the burst controller bound to a machine (provisioning) start on it
 // through the same plan (sched's placeBound).

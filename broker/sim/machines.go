@@ -370,7 +370,7 @@ func (e *engine) ready(m *machine) {
 }
 
 // meterMachines meters every launched machine up to now, slice by slice
-// as the broker's meter does: the entries settle the budgets (spend in
+// by billing.Meter on the broker's slices: the entries settle the budgets (spend in
 // their month, the machine's reservation covered) and add to the result.
 // Ended machines leave once metered through their end.
 func (e *engine) meterMachines(now time.Time) {
