@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -176,7 +177,7 @@ func preflightDiff(m, m0 *agentapi.Preflight) string {
 	var out []string
 	add := func(what, v, v0 string) {
 		if v != v0 {
-			out = append(out, fmt.Sprintf("%s %s, member 0 has %s", what, cmpOr(v, "(none)"), cmpOr(v0, "(none)")))
+			out = append(out, fmt.Sprintf("%s %s, member 0 has %s", what, cmp.Or(v, "(none)"), cmp.Or(v0, "(none)")))
 		}
 	}
 	add("driver", m.DriverVersion, m0.DriverVersion)
@@ -184,13 +185,6 @@ func preflightDiff(m, m0 *agentapi.Preflight) string {
 	add("image", m.Image, m0.Image)
 	add("framework", m.Framework, m0.Framework)
 	return strings.Join(out, "; ")
-}
-
-func cmpOr(v, d string) string {
-	if v == "" {
-		return d
-	}
-	return v
 }
 
 // failPreflightLocked stops every member before its command ran and, when
