@@ -60,7 +60,7 @@ func TestGangRendezvous(t *testing.T) {
 	c.agent("node-b", "sim:2xH100-80GB")
 	c.waitNodes(2)
 	ctx := context.Background()
-	j, err := c.client(tokAlice).SubmitSpec(ctx, gangSpec("rdzv", "python3", "-c", rendezvous))
+	j, err := c.client(tokAlice).SubmitSpec(ctx, gangSpec("rdzv", "/usr/bin/python3", "-c", rendezvous))
 	if err != nil {
 		t.Fatal(err)
 	}
