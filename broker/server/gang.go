@@ -348,3 +348,19 @@ func (s *Server) finishGangLocked(j *broker.Job, now time.Time) {
 		s.endAttempt(j, rep, now)
 	}
 }
+
+// preflightNote is explain's account of the gang's last failed preflight,
+// if its last attempt ended in one.
+func preflightNote(j *broker.Job) string {
+	for i := len(j.History) - 1; i >= 0; i-- {
+		t := j.History[i]
+		if t.To == broker.StateStarting {
+			return ""
+		}
+		if t.Reason == reasonPreflightFailed {
+			return fmt.Sprintf(" Its last attempt failed the gang preflight (%s); the scheduler no longer puts those nodes together for it.",
+				strings.TrimSuffix(t.Detail, "; requeued"))
+		}
+	}
+	return ""
+}
