@@ -255,10 +255,34 @@ func Release(tx Tx, id string) error {
 	return putJSON(tx, BucketBudgets, reservationKey(id), r)
 }
 
-// settle books one new ledger entry of a burst machine: its cost becomes
+// Rereserve moves machine id's reservation to a new amount (its next
+// offer's projected cost): the old one is released and dropped, the new
+// one made as Reserve makes it, in the caller's transaction. A zero
+// amount (prepaid capacity) only releases.
+func Rereserve(tx Tx, id, team string, amount billing.Amount, now time.Time, loc *time.Location) error {
+	if err := Release(tx, id); err != nil {
+		return err
+	}
+	if err := tx.Delete(BucketBudgets, reservationKey(id)); err != nil {
+		return err
+	}
+	if amount == 0 {
+		return nil
+	}
+	_, err := Reserve(tx, id, team, amount, now, loc)
+	return err
+}
+
+// BudgetMonthKey is the month a time falls in, in the billing zone: the
+// key of BudgetMonth and of reservations ("2026-12").
+func BudgetMonthKey(t time.Time, loc *time.Location) string { return monthOf(t, loc) }
+
+// Settle books one new ledger entry of a burst machine: its cost becomes
 // spend of its team and the cluster in the entry's month, and covers that
-// much of the machine's reservation.
-func settle(tx Tx, e billing.Entry, loc *time.Location) error {
+// much of the machine's reservation. The broker's ledger settles each
+// entry it appends (Ledger.Budgets); the simulator settles the entries it
+// meters into its in-memory store.
+func Settle(tx Tx, e billing.Entry, loc *time.Location) error {
 	if e.Pool.Kind == billing.PoolOnPrem || e.Cost == 0 {
 		return nil
 	}

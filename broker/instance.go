@@ -3,8 +3,10 @@ package broker
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
+	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker/slurm"
 	"github.com/spillway-dev/spillway/providers"
 )
@@ -21,7 +23,7 @@ type InstanceRecord struct {
 	// Fallbacks are the offers still to try if the provider has no
 	// capacity for Offer.
 	Fallbacks []providers.Offer `json:"fallbacks,omitempty"`
-	State     string            `json:"state"` // see burst.MachineState
+	State     MachineState      `json:"state"`
 	Reason    string            `json:"reason,omitempty"`
 	// ProviderID is the provider's id once Create answered.
 	ProviderID string `json:"providerId,omitempty"`
@@ -33,7 +35,7 @@ type InstanceRecord struct {
 	Queue string   `json:"queue"`
 	Jobs  []string `json:"jobs,omitempty"`
 	// ProjectedCost was reserved against the budgets at launch.
-	ProjectedCost int64 `json:"projectedCostMicros"`
+	ProjectedCost billing.Amount `json:"projectedCost"`
 	// TokenSHA256 is the hash of the machine's own agent token, valid only
 	// while the machine lives.
 	TokenSHA256 string `json:"tokenSha256,omitempty"`
@@ -63,8 +65,47 @@ type InstanceRecord struct {
 	SlurmJobs []slurm.Job `json:"slurmJobs,omitempty"`
 }
 
+// MachineState is where a burst machine is in its life.
+type MachineState string
+
+// Machine states, in order. Each is persisted before the next external
+// call.
+const (
+	MachineRequested     MachineState = "requested"
+	MachineProvisioning  MachineState = "provisioning"
+	MachineBootstrapping MachineState = "bootstrapping"
+	MachineReady         MachineState = "ready"
+	MachineDraining      MachineState = "draining"
+	MachineTerminating   MachineState = "terminating"
+	MachineTerminated    MachineState = "terminated"
+	MachineFailed        MachineState = "failed"
+)
+
+// InFlight reports whether the machine is on its way up.
+func (s MachineState) InFlight() bool {
+	return s == MachineRequested || s == MachineProvisioning || s == MachineBootstrapping
+}
+
+// Ended reports whether the machine is gone.
+func (s MachineState) Ended() bool { return s == MachineTerminated || s == MachineFailed }
+
+// Going reports whether the controller is ending the machine or has.
+func (s MachineState) Going() bool {
+	return s == MachineDraining || s == MachineTerminating || s.Ended()
+}
+
+// Clone copies a record so a change can be built and written before it
+// replaces the one in memory.
+func (r *InstanceRecord) Clone() *InstanceRecord {
+	c := *r
+	c.History = slices.Clone(r.History)
+	c.Jobs = slices.Clone(r.Jobs)
+	c.Fallbacks = slices.Clone(r.Fallbacks)
+	return &c
+}
+
 // Transit records a state change.
-func (r *InstanceRecord) Transit(at time.Time, to, reason, detail string) {
+func (r *InstanceRecord) Transit(at time.Time, to MachineState, reason, detail string) {
 	r.History = append(r.History, Transition{At: at, From: State(r.State), To: State(to), Reason: reason, Detail: detail})
 	r.State = to
 }

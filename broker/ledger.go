@@ -34,7 +34,7 @@ type Ledger struct {
 	Store Store
 	// Budgets, when set, cuts burst spend into months in this zone and
 	// settles budget reservations in the transaction that appends the
-	// entries (see settle).
+	// entries (see Settle).
 	Budgets *time.Location
 }
 
@@ -84,7 +84,7 @@ func (l Ledger) Append(ctx context.Context, entries []billing.Entry) (int, error
 					return err
 				}
 				if l.Budgets != nil {
-					if err := settle(tx, e, l.Budgets); err != nil {
+					if err := Settle(tx, e, l.Budgets); err != nil {
 						return err
 					}
 				}

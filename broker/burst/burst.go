@@ -113,37 +113,13 @@ func (p Policy) MinWaitFor(j Job) time.Duration {
 	return p.MinWait
 }
 
-// MachineState is where a burst machine is in its life.
-type MachineState string
-
-// Machine states, in order. Each is persisted before the next external
-// call.
-const (
-	Requested     MachineState = "requested"
-	Provisioning  MachineState = "provisioning"
-	Bootstrapping MachineState = "bootstrapping"
-	Ready         MachineState = "ready"
-	Draining      MachineState = "draining"
-	Terminating   MachineState = "terminating"
-	Terminated    MachineState = "terminated"
-	Failed        MachineState = "failed"
-)
-
-// InFlight reports whether the machine is on its way up.
-func (s MachineState) InFlight() bool {
-	return s == Requested || s == Provisioning || s == Bootstrapping
-}
-
-// Ended reports whether the machine is gone.
-func (s MachineState) Ended() bool { return s == Terminated || s == Failed }
-
 // Machine is a burst machine the broker has a record of.
 type Machine struct {
-	ID       string          `json:"id"`
-	Provider string          `json:"provider"`
-	Offer    providers.Offer `json:"offer"`
-	State    MachineState    `json:"state"`
-	Team     string          `json:"team"`
+	ID       string              `json:"id"`
+	Provider string              `json:"provider"`
+	Offer    providers.Offer     `json:"offer"`
+	State    broker.MachineState `json:"state"`
+	Team     string              `json:"team"`
 	// Jobs bound to the machine (waiting for it or running on it), and
 	// the GPUs they take.
 	Jobs     []string `json:"jobs,omitempty"`
@@ -291,7 +267,7 @@ func Decide(in *Input) Decision {
 	spare := make([]int, len(in.Machines))
 	for i, m := range in.Machines {
 		spare[i] = -1
-		if (m.State.InFlight() || m.State == Ready) && !stopping[m.ID] {
+		if (m.State.InFlight() || m.State == broker.MachineReady) && !stopping[m.ID] {
 			spare[i] = m.Offer.GPUs - m.GPUsUsed
 		}
 	}
@@ -366,8 +342,8 @@ func Decide(in *Input) Decision {
 				Message: fmt.Sprintf("burst capped: every provider with a fitting offer has %d machines starting", p.MaxInFlightPerProvider)}
 			continue
 		}
-		hours := projectedHours(j.Timeout, p.MaxLifetime)
-		cost := projectedCost(offer, hours)
+		hours := projectedDuration(j.Timeout, p.MaxLifetime).Hours()
+		cost := ProjectedCost(offer, j.Timeout, p.MaxLifetime)
 		if why, blocked := overBudget(budgets, j.Team, cost, in.Currency); blocked && !offer.Prepaid {
 			d.Reasons[j.ID] = broker.PendingReason{Code: CodeBudget, Message: why}
 			continue
@@ -388,7 +364,7 @@ func Decide(in *Input) Decision {
 
 func inProgress(m *Machine) broker.PendingReason {
 	msg := fmt.Sprintf("burst in progress: %s %s %s", m.Provider, m.ID, m.State)
-	if m.State == Bootstrapping || m.State == Ready {
+	if m.State == broker.MachineBootstrapping || m.State == broker.MachineReady {
 		msg += fmt.Sprintf(" (%d/%d GPUs ready)", m.ReadyGPUs, m.Offer.GPUs)
 	}
 	return broker.PendingReason{Code: CodeInProgress, Message: msg}
@@ -530,19 +506,22 @@ func bindable(ms []Machine, spare []int, j Job) int {
 	return -1
 }
 
-// projectedHours is the job's timeout capped by the machine's lifetime.
-func projectedHours(timeout, maxLifetime time.Duration) float64 {
+// projectedDuration is the job's timeout capped by the machine's
+// lifetime: the time a launch's projection charges for.
+func projectedDuration(timeout, maxLifetime time.Duration) time.Duration {
 	d := timeout
 	if d <= 0 || (maxLifetime > 0 && d > maxLifetime) {
 		d = maxLifetime
 	}
-	return d.Hours()
+	return d
 }
 
-// projectedCost is the offer's price for the projected hours, to the micro.
-func projectedCost(o providers.Offer, hours float64) billing.Amount {
-	ms := int64(hours * float64(time.Hour/time.Millisecond))
-	return o.PricePerHour.MulDiv(ms, billing.MillisPerHour)
+// ProjectedCost is what a machine of offer o is projected to cost: its
+// price for the longest timeout of its jobs, capped by the machine
+// lifetime, to the micro. It is what a launch reserves against the
+// budgets.
+func ProjectedCost(o providers.Offer, timeout, maxLifetime time.Duration) billing.Amount {
+	return o.PricePerHour.MulDiv(projectedDuration(timeout, maxLifetime).Milliseconds(), billing.MillisPerHour)
 }
 
 func overBudget(b map[string]Budget, team string, cost billing.Amount, currency string) (string, bool) {
@@ -597,7 +576,7 @@ func scaleDown(in *Input) []Stop {
 	var out []Stop
 	for i := range in.Machines {
 		m := &in.Machines[i]
-		if m.State != Ready && m.State != Draining {
+		if m.State != broker.MachineReady && m.State != broker.MachineDraining {
 			continue
 		}
 		id := m.ID
@@ -611,7 +590,7 @@ func scaleDown(in *Input) []Stop {
 		case len(m.Jobs) == 0 && !m.IdleSince.IsZero() && in.Now.Sub(m.IdleSince) >= p.IdleTTL:
 			out = append(out, Stop{Machine: id, Reason: "idle",
 				Detail: fmt.Sprintf("no job for %s (idle TTL %s)", broker.FormatDuration(in.Now.Sub(m.IdleSince).Truncate(time.Second)), broker.FormatDuration(p.IdleTTL))})
-		case m.State == Draining && len(m.Jobs) == 0:
+		case m.State == broker.MachineDraining && len(m.Jobs) == 0:
 			out = append(out, Stop{Machine: id, Reason: "drained", Detail: "drained"})
 		}
 	}

@@ -274,7 +274,7 @@ func TestBudgetSharedWithinOneDecision(t *testing.T) {
 func TestInFlightCap(t *testing.T) {
 	in := input(90, mk("a").obj())
 	in.Policy.MaxInFlight = 1
-	in.Machines = []Machine{{ID: "m1", Provider: "aws", Team: "other", State: Provisioning, Offer: catalog[0]}}
+	in.Machines = []Machine{{ID: "m1", Provider: "aws", Team: "other", State: broker.MachineProvisioning, Offer: catalog[0]}}
 	if d := Decide(in); d.Reasons["a"].Code != CodeCapped {
 		t.Fatalf("reason %+v", d.Reasons["a"])
 	}
@@ -282,7 +282,7 @@ func TestInFlightCap(t *testing.T) {
 
 func TestBindToMachineWithRoom(t *testing.T) {
 	in := input(90, mk("a").obj())
-	in.Machines = []Machine{{ID: "m1", Provider: "gcp", Team: "nlp", State: Bootstrapping, Offer: catalog[3], Jobs: []string{"x"}, GPUsUsed: 4}}
+	in.Machines = []Machine{{ID: "m1", Provider: "gcp", Team: "nlp", State: broker.MachineBootstrapping, Offer: catalog[3], Jobs: []string{"x"}, GPUsUsed: 4}}
 	d := Decide(in)
 	if len(d.Launches) != 0 || len(d.Binds) != 1 || d.Binds[0] != (Bind{Job: "a", Machine: "m1"}) {
 		t.Fatalf("binds %v launches %v", d.Binds, d.Launches)
@@ -290,7 +290,7 @@ func TestBindToMachineWithRoom(t *testing.T) {
 	bound := mk("x").obj()
 	bound.Machine = "m1"
 	in = input(90, bound)
-	in.Machines = []Machine{{ID: "m1", Provider: "gcp", Team: "nlp", State: Bootstrapping, Offer: catalog[3], ReadyGPUs: 2}}
+	in.Machines = []Machine{{ID: "m1", Provider: "gcp", Team: "nlp", State: broker.MachineBootstrapping, Offer: catalog[3], ReadyGPUs: 2}}
 	if r := Decide(in).Reasons["x"]; r.Code != CodeInProgress || !strings.Contains(r.Message, "bootstrapping (2/8 GPUs ready)") {
 		t.Fatalf("in-progress reason %+v", r)
 	}
@@ -299,10 +299,10 @@ func TestBindToMachineWithRoom(t *testing.T) {
 func TestScaleDown(t *testing.T) {
 	in := input(50)
 	in.Machines = []Machine{
-		{ID: "idle", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-time.Hour), IdleSince: now.Add(-11 * time.Minute)},
-		{ID: "resting", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-time.Hour), IdleSince: now.Add(-9 * time.Minute)},
-		{ID: "busy", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-2 * time.Hour), Jobs: []string{"j"}},
-		{ID: "old", State: Ready, Offer: catalog[0], LaunchedAt: now.Add(-25 * time.Hour), Jobs: []string{"k"}},
+		{ID: "idle", State: broker.MachineReady, Offer: catalog[0], LaunchedAt: now.Add(-time.Hour), IdleSince: now.Add(-11 * time.Minute)},
+		{ID: "resting", State: broker.MachineReady, Offer: catalog[0], LaunchedAt: now.Add(-time.Hour), IdleSince: now.Add(-9 * time.Minute)},
+		{ID: "busy", State: broker.MachineReady, Offer: catalog[0], LaunchedAt: now.Add(-2 * time.Hour), Jobs: []string{"j"}},
+		{ID: "old", State: broker.MachineReady, Offer: catalog[0], LaunchedAt: now.Add(-25 * time.Hour), Jobs: []string{"k"}},
 	}
 	d := Decide(in)
 	want := []Stop{

@@ -9,7 +9,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
@@ -82,7 +81,7 @@ func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, boo
 		rec, err = broker.InstanceByToken(tx, hex.EncodeToString(sum[:]))
 		return err
 	})
-	if err != nil || rec == nil || burst.MachineState(rec.State).Ended() || rec.State == string(burst.Terminating) {
+	if err != nil || rec == nil || rec.State.Ended() || rec.State == broker.MachineTerminating {
 		return Principal{}, false
 	}
 	return Principal{Name: "machine " + rec.ID, Role: config.RoleAgent, Node: rec.ID}, true

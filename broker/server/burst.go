@@ -22,6 +22,7 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/burstctl"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/aws"
@@ -134,7 +135,7 @@ func (s *Server) loadInstances(ctx context.Context) error {
 		}
 		var claims []providers.Instance
 		for _, r := range b.instances {
-			if r.Provider == name && r.ProviderID != "" && !burst.MachineState(r.State).Ended() {
+			if r.Provider == name && r.ProviderID != "" && !r.State.Ended() {
 				claims = append(claims, providers.Instance{ID: r.ProviderID, RecordID: r.ID, Provider: name})
 			}
 		}
@@ -248,10 +249,10 @@ func (s *Server) resumeRecords(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, r := range s.burst.instances {
-		switch burst.MachineState(r.State) {
-		case burst.Requested, burst.Provisioning, burst.Bootstrapping:
+		switch r.State {
+		case broker.MachineRequested, broker.MachineProvisioning, broker.MachineBootstrapping:
 			s.startWorkerLocked(ctx, id, s.launchWorker)
-		case burst.Terminating:
+		case broker.MachineTerminating:
 			s.startWorkerLocked(ctx, id, s.terminateWorker)
 		}
 	}
@@ -304,23 +305,26 @@ func (s *Server) refreshOffers(ctx context.Context, now time.Time) {
 }
 
 // BurstCycle makes one burst decision and carries it out, then reconciles
-// with the providers when that is due.
+// with the providers when that is due. Budgets are read before the state
+// lock is taken.
 func (s *Server) BurstCycle(ctx context.Context) error {
 	now := s.clock.Now()
 	s.refreshOffers(ctx, now)
+	ctl := s.burstCtl()
+	budgets, err := ctl.Budgets(ctx, s.store, now)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if !s.mayDecideLocked() {
 		s.mu.Unlock()
 		return nil // a standby, or the store is unreachable (leader.go)
 	}
-	in, err := s.burstInputLocked(ctx, now)
-	if err != nil {
-		s.mu.Unlock()
-		return err
-	}
+	in := ctl.Input(now, s.burst.active, budgets)
 	s.checkBudgetAlertsLocked(in)
 	d := burst.Decide(in)
-	err = s.applyBurstLocked(ctx, now, d)
+	err = ctl.Apply(ctx, now, &d)
+	s.burst.active, s.burst.last, s.burst.reasons = d.Active, d, d.Reasons
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -337,115 +341,15 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 func (s *Server) PlanBurst(ctx context.Context) (burst.Decision, *burst.Input, error) {
 	now := s.clock.Now()
 	s.refreshOffers(ctx, now)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	in, err := s.burstInputLocked(ctx, now)
+	ctl := s.burstCtl()
+	budgets, err := ctl.Budgets(ctx, s.store, now)
 	if err != nil {
 		return burst.Decision{}, nil, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := ctl.Input(now, s.burst.active, budgets)
 	return burst.Decide(in), in, nil
-}
-
-// burstInputLocked snapshots what the decision needs.
-func (s *Server) burstInputLocked(ctx context.Context, now time.Time) (*burst.Input, error) {
-	in := &burst.Input{Now: now, Policy: s.cfg.BurstPolicy(), Active: s.burst.active,
-		Currency: s.cfg.BillingCompiled().Meter.Currency, Budgets: map[string]burst.Budget{}}
-	if in.Currency == "" {
-		in.Currency = "USD"
-	}
-	for _, n := range s.nodes {
-		if n.Instance != "" || n.State != broker.NodeReady {
-			continue
-		}
-		in.OnPremGPUs += len(n.HealthyGPUs())
-		held := map[int]bool{}
-		for id := range s.byNode[n.Name] {
-			p, _, _ := placedOn(s.jobs[id], n.Name)
-			for _, g := range p.GPUs {
-				held[g] = true
-			}
-		}
-		in.OnPremAllocated += len(held)
-	}
-	for _, j := range s.jobs {
-		switch {
-		case j.Hold != nil:
-			continue
-		case j.State == broker.StatePending && (j.NotBefore == nil || !now.Before(*j.NotBefore)):
-		case j.State == broker.StateProvisioning:
-		default:
-			continue
-		}
-		bj := burst.Job{ID: j.ID, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority, Burst: j.Spec.Burst,
-			Preemptible: j.Spec.Preemptible, GPUs: j.Spec.Resources.GPUs, Nodes: max(1, j.Spec.Resources.Nodes),
-			GPUModel: j.Spec.Resources.GPUModel, GPUMemory: int64(j.Spec.Resources.GPUMemory), Timeout: j.Spec.Timeout.D(),
-			WaitingSince: waitingSince(j), Machine: j.Machine}
-		if r, ok := s.reasons[j.ID]; ok {
-			bj.EstimatedStart, bj.Why = r.EstimatedStart, r.Code
-		}
-		in.Pending = append(in.Pending, bj)
-	}
-	sort.Slice(in.Pending, func(a, b int) bool { return in.Pending[a].ID < in.Pending[b].ID })
-	for _, r := range s.burst.instances {
-		st := burst.MachineState(r.State)
-		if st.Ended() || r.SlurmNode != "" { // Slurm ends its nodes (slurm.go)
-			continue
-		}
-		m := burst.Machine{ID: r.ID, Provider: r.Provider, Offer: r.Offer, State: st, Team: r.Team}
-		m.Jobs, m.GPUsUsed = s.machineJobsLocked(r.ID)
-		if n, ok := s.nodes[r.ID]; ok && n.State == broker.NodeReady {
-			m.ReadyGPUs = len(n.HealthyGPUs())
-		}
-		if r.LaunchedAt != nil {
-			m.LaunchedAt = *r.LaunchedAt
-		}
-		if r.IdleSince != nil {
-			m.IdleSince = *r.IdleSince
-		}
-		in.Machines = append(in.Machines, m)
-	}
-	sort.Slice(in.Machines, func(a, b int) bool { return in.Machines[a].ID < in.Machines[b].ID })
-	names := make([]string, 0, len(s.burst.offers))
-	for name := range s.burst.offers {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		if _, ok := s.burst.providers[name]; ok {
-			in.Offers = append(in.Offers, s.burst.offers[name]...)
-		}
-	}
-	month := now.In(s.billingZone()).Format("2006-01")
-	err := s.store.View(ctx, func(tx broker.Tx) error {
-		budgets, err := broker.ListBudgets(tx)
-		if err != nil {
-			return err
-		}
-		for _, b := range budgets {
-			m, err := broker.GetBudgetMonth(tx, month, b.Scope)
-			if err != nil {
-				return err
-			}
-			in.Budgets[b.Scope] = burst.Budget{Limit: b.Limit, Committed: m.Committed()}
-		}
-		return nil
-	})
-	return in, err
-}
-
-// waitingSince is when a job last entered the queue. A job that was
-// preempted keeps its original wait, so once its checkpoint grace is over
-// it may resume on burst capacity at once instead of waiting for on-prem.
-func waitingSince(j *broker.Job) time.Time {
-	for i := len(j.History) - 1; i >= 0; i-- {
-		if j.History[i].To == broker.StatePending {
-			if j.History[i].From == broker.StatePreempted {
-				return j.SubmittedAt
-			}
-			return j.History[i].At
-		}
-	}
-	return j.SubmittedAt
 }
 
 func (s *Server) billingZone() *time.Location {
@@ -496,182 +400,8 @@ func (s *Server) putRecordLocked(ctx context.Context, r *broker.InstanceRecord, 
 	return nil
 }
 
-func cloneRecord(r *broker.InstanceRecord) *broker.InstanceRecord {
-	c := *r
-	c.History = slices.Clone(r.History)
-	c.Jobs = slices.Clone(r.Jobs)
-	c.Fallbacks = slices.Clone(r.Fallbacks)
-	return &c
-}
-
 func newRecordID(now time.Time, ids *idSource) string {
 	return "spw-" + strings.ToLower(ids.next(now))
-}
-
-// applyBurstLocked carries out a decision: launches (record, budget
-// reservation and job bindings in one transaction, then a worker), binds,
-// scale-downs, idle marks, reasons.
-func (s *Server) applyBurstLocked(ctx context.Context, now time.Time, d burst.Decision) error {
-	b := &s.burst
-	b.active = d.Active
-	b.last = d
-	b.reasons = d.Reasons
-	for _, l := range d.Launches {
-		id := newRecordID(now, s.ids)
-		rec := &broker.InstanceRecord{ID: id, Provider: l.Offer.Provider, Offer: l.Offer, Fallbacks: l.Fallbacks,
-			State: string(burst.Requested), Team: l.Team, Queue: l.Queue, ProjectedCost: int64(l.ProjectedCost), CreatedAt: now}
-		rec.History = []broker.Transition{{At: now, To: broker.State(burst.Requested), Reason: "burst",
-			Detail: fmt.Sprintf("%s %s for %d waiting job(s), projected %s %s", l.Offer.Provider, l.Offer.InstanceType, len(l.Jobs), burst.Money(l.ProjectedCost), s.currency())}}
-		var jobs []*broker.Job
-		for _, jid := range l.Jobs {
-			if j := s.bindJobLocked(jid, id, now, fmt.Sprintf("burst: %s %s requested (%s)", l.Offer.Provider, l.Offer.InstanceType, id)); j != nil {
-				jobs = append(jobs, j)
-				rec.Jobs = append(rec.Jobs, jid)
-			}
-		}
-		if len(jobs) == 0 {
-			continue
-		}
-		err := s.putRecordLocked(ctx, rec, jobs, func(tx broker.Tx) error {
-			if l.Offer.Prepaid {
-				return nil
-			}
-			_, err := broker.Reserve(tx, id, l.Team, l.ProjectedCost, now, s.billingZone())
-			return err
-		})
-		if errors.Is(err, broker.ErrBudgetExceeded) {
-			for _, jid := range rec.Jobs {
-				b.reasons[jid] = broker.PendingReason{Code: burst.CodeBudget, Message: "burst blocked: " + strings.TrimPrefix(err.Error(), broker.ErrBudgetExceeded.Error()+": ")}
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		s.log.Info("burst launch", "record", id, "provider", l.Offer.Provider, "type", l.Offer.InstanceType, "spot", l.Offer.Spot,
-			"jobs", rec.Jobs, "team", l.Team, "projected", l.ProjectedCost.String())
-		s.startWorkerLocked(ctx, id, s.launchWorker)
-	}
-	for _, bd := range d.Binds {
-		r, ok := b.instances[bd.Machine]
-		if !ok {
-			continue
-		}
-		j := s.bindJobLocked(bd.Job, r.ID, now, fmt.Sprintf("burst: bound to %s %s (%s)", r.Provider, r.Offer.InstanceType, r.ID))
-		if j == nil {
-			continue
-		}
-		rr := cloneRecord(r)
-		rr.Jobs = append(rr.Jobs, bd.Job)
-		rr.IdleSince = nil
-		if err := s.putRecordLocked(ctx, rr, []*broker.Job{j}, nil); err != nil {
-			return err
-		}
-	}
-	for _, st := range d.Stops {
-		if err := s.scaleDownLocked(ctx, now, st); err != nil {
-			return err
-		}
-	}
-	return s.markIdleLocked(ctx, now)
-}
-
-// bindJobLocked returns the job moved to provisioning on machine id, or
-// nil when it is no longer waiting.
-func (s *Server) bindJobLocked(jid, id string, now time.Time, detail string) *broker.Job {
-	j, ok := s.jobs[jid]
-	if !ok || j.State != broker.StatePending {
-		return nil
-	}
-	jj := cloneJob(j)
-	jj.Machine = id
-	jj.Transit(now, broker.StateProvisioning, "burst", detail)
-	return jj
-}
-
-// unbindLocked returns a machine's waiting jobs to the queue.
-func (s *Server) unbindLocked(id string, now time.Time, why string) []*broker.Job {
-	var out []*broker.Job
-	for _, j := range s.jobs {
-		if j.State == broker.StateProvisioning && j.Machine == id {
-			jj := cloneJob(j)
-			jj.Machine = ""
-			jj.Transit(now, broker.StatePending, "burst_failed", why)
-			out = append(out, jj)
-		}
-	}
-	return out
-}
-
-// scaleDownLocked drains a machine (its jobs are stopped with their
-// checkpoint signal and requeued) and, once it has none, ends it.
-func (s *Server) scaleDownLocked(ctx context.Context, now time.Time, st burst.Stop) error {
-	r, ok := s.burst.instances[st.Machine]
-	if !ok || burst.MachineState(r.State).Ended() || r.State == string(burst.Terminating) {
-		return nil
-	}
-	jobs, _ := s.machineJobsLocked(r.ID)
-	rr := cloneRecord(r)
-	var changed []*broker.Job
-	changed = append(changed, s.unbindLocked(r.ID, now, "burst machine "+r.ID+" is going away: "+st.Detail)...)
-	holding := 0
-	for _, jid := range jobs {
-		j := s.jobs[jid]
-		if j == nil || !j.State.Holding() {
-			continue
-		}
-		holding++
-		if j.Stop == nil {
-			jj := cloneJob(j)
-			jj.Stop = &broker.StopRequest{Reason: "preempted", Detail: "burst machine " + r.ID + ": " + st.Detail,
-				Signal: jj.Spec.Checkpoint.Signal, Grace: jj.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: "burst controller"}
-			changed = append(changed, jj)
-		}
-	}
-	if holding > 0 {
-		if rr.State != string(burst.Draining) {
-			rr.Transit(now, string(burst.Draining), st.Reason, st.Detail)
-		}
-		if err := s.putRecordLocked(ctx, rr, changed, nil); err != nil {
-			return err
-		}
-		s.wakeNodeLocked(r.ID)
-		return nil
-	}
-	rr.Transit(now, string(burst.Terminating), st.Reason, st.Detail)
-	s.log.Info("burst scale down", "record", r.ID, "reason", st.Reason, "detail", st.Detail)
-	if err := s.putRecordLocked(ctx, rr, changed, nil); err != nil {
-		return err
-	}
-	s.startWorkerLocked(ctx, r.ID, s.terminateWorker)
-	return nil
-}
-
-// markIdleLocked keeps each ready machine's IdleSince: set when its last
-// job goes, cleared when one comes.
-func (s *Server) markIdleLocked(ctx context.Context, now time.Time) error {
-	for _, r := range s.burst.instances {
-		if r.State != string(burst.Ready) || r.SlurmNode != "" {
-			continue
-		}
-		jobs, _ := s.machineJobsLocked(r.ID)
-		switch {
-		case len(jobs) == 0 && r.IdleSince == nil:
-			rr := cloneRecord(r)
-			t := now
-			rr.IdleSince = &t
-			if err := s.putRecordLocked(ctx, rr, nil, nil); err != nil {
-				return err
-			}
-		case len(jobs) > 0 && r.IdleSince != nil:
-			rr := cloneRecord(r)
-			rr.IdleSince = nil
-			if err := s.putRecordLocked(ctx, rr, nil, nil); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 func (s *Server) currency() string {
@@ -689,7 +419,7 @@ func (s *Server) record(id string) (*broker.InstanceRecord, providers.Provider) 
 	if !ok {
 		return nil, nil
 	}
-	return cloneRecord(r), s.burst.providers[r.Provider]
+	return r.Clone(), s.burst.providers[r.Provider]
 }
 
 // update applies fn to a copy of the record and writes it (with any job
@@ -701,7 +431,7 @@ func (s *Server) update(ctx context.Context, id string, fn func(r *broker.Instan
 	if !ok {
 		return nil, broker.ErrNotFound
 	}
-	rr := cloneRecord(r)
+	rr := r.Clone()
 	jobs, extra := fn(rr, s.clock.Now())
 	if err := s.putRecordLocked(ctx, rr, jobs, extra); err != nil {
 		return nil, err
@@ -712,7 +442,7 @@ func (s *Server) update(ctx context.Context, id string, fn func(r *broker.Instan
 		}
 	}
 	s.kick()
-	return cloneRecord(rr), nil
+	return rr.Clone(), nil
 }
 
 // errStep marks a failure that ends the machine's launch.
@@ -738,12 +468,12 @@ func (s *Server) launchWorker(ctx context.Context, id string) {
 			return
 		}
 		var err error
-		switch burst.MachineState(rec.State) {
-		case burst.Requested:
+		switch rec.State {
+		case broker.MachineRequested:
 			err = s.stepCreate(ctx, rec, prov)
-		case burst.Provisioning:
+		case broker.MachineProvisioning:
 			err = s.stepRunning(ctx, rec, prov)
-		case burst.Bootstrapping:
+		case broker.MachineBootstrapping:
 			err = s.stepBootstrap(ctx, rec, prov)
 		default:
 			return
@@ -780,17 +510,20 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 		cancel()
 		switch {
 		case err == nil:
-			_, err := s.update(ctx, rec.ID, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-				r.ProviderID = inst.ID
-				r.SSHHost, r.SSHUser = inst.SSHHost, inst.SSHUser
-				t := now
-				r.LaunchedAt = &t
-				r.Transit(now, string(burst.Provisioning), "created", fmt.Sprintf("%s %s in %s", prov.Name(), inst.ID, firstNonEmpty(inst.Zone, inst.Region)))
-				return nil, nil
+			return s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+				return c.Launched(ctx, rec.ID, now, *inst)
 			})
-			return err
 		case providers.IsNextOffer(err):
-			next, ok := s.nextOffer(ctx, rec.ID, err)
+			var next providers.Offer
+			ok := false
+			cause := err
+			if err := s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+				var err error
+				next, ok, err = c.NextOffer(ctx, rec.ID, now, cause)
+				return err
+			}); err != nil {
+				return &errStep{"create", err}
+			}
 			if !ok {
 				return &errStep{"create", fmt.Errorf("no offer could be had: %w", err)}
 			}
@@ -812,64 +545,6 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 			backoff = min(2*backoff, time.Minute)
 		}
 	}
-}
-
-// nextOffer moves a record to its next fallback offer, re-reserving the
-// budget for the new projected cost in the same transaction.
-func (s *Server) nextOffer(ctx context.Context, id string, cause error) (providers.Offer, bool) {
-	var next providers.Offer
-	ok := false
-	_, err := s.update(ctx, id, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-		if len(r.Fallbacks) == 0 {
-			return nil, nil
-		}
-		next, r.Fallbacks = r.Fallbacks[0], r.Fallbacks[1:]
-		r.Offer, r.Provider = next, next.Provider
-		cost := projectFor(r, s.cfg.BurstPolicy(), s.jobTimeoutLocked(r.Jobs))
-		r.ProjectedCost = int64(cost)
-		r.Transit(now, string(burst.Requested), "next_offer", fmt.Sprintf("%v; trying %s %s", cause, next.Provider, next.InstanceType))
-		ok = true
-		team := r.Team
-		prepaid := next.Prepaid
-		return nil, func(tx broker.Tx) error {
-			if err := broker.Release(tx, id); err != nil {
-				return err
-			}
-			if err := tx.Delete(broker.BucketBudgets, "res/"+id); err != nil {
-				return err
-			}
-			if prepaid {
-				return nil
-			}
-			_, err := broker.Reserve(tx, id, team, cost, now, s.billingZone())
-			return err
-		}
-	})
-	if err != nil {
-		return providers.Offer{}, false
-	}
-	return next, ok
-}
-
-// jobTimeoutLocked is the longest timeout among jobs (caller holds s.mu).
-func (s *Server) jobTimeoutLocked(ids []string) time.Duration {
-	var d time.Duration
-	for _, id := range ids {
-		if j, ok := s.jobs[id]; ok {
-			d = max(d, j.Spec.Timeout.D())
-		}
-	}
-	return d
-}
-
-// projectFor is a record's projected cost: its offer's price for the
-// longest job timeout, capped by the machine lifetime.
-func projectFor(r *broker.InstanceRecord, p burst.Policy, timeout time.Duration) billing.Amount {
-	d := timeout
-	if d <= 0 || d > p.MaxLifetime {
-		d = p.MaxLifetime
-	}
-	return r.Offer.PricePerHour.MulDiv(d.Milliseconds(), billing.MillisPerHour)
 }
 
 func safeTag(s string) string {
@@ -906,7 +581,7 @@ func (s *Server) stepRunning(ctx context.Context, rec *broker.InstanceRecord, pr
 	}
 	_, err = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
 		r.SSHHost, r.SSHUser = inst.SSHHost, inst.SSHUser
-		r.Transit(now, string(burst.Bootstrapping), "running", "reachable at "+inst.SSHHost)
+		r.Transit(now, broker.MachineBootstrapping, "running", "reachable at "+inst.SSHHost)
 		return nil, nil
 	})
 	return err
@@ -959,15 +634,16 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		}
 		return &errStep{"bootstrap", err}
 	}
-	_, err = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
+	if _, err := s.update(ctx, rec.ID, func(r *broker.InstanceRecord, _ time.Time) ([]*broker.Job, func(broker.Tx) error) {
 		r.Bootstrap = raw
-		t := now
-		r.ReadyAt = &t
-		r.Transit(now, string(burst.Ready), "registered", fmt.Sprintf("agent registered after %s", broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second))))
-		s.metrics.burstLead.WithLabelValues(r.Provider).Observe(now.Sub(r.CreatedAt).Seconds())
 		return nil, nil
+	}); err != nil {
+		return err
+	}
+	return s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+		s.metrics.burstLead.WithLabelValues(rec.Provider).Observe(now.Sub(rec.CreatedAt).Seconds())
+		return c.Ready(ctx, rec.ID, now)
 	})
-	return err
 }
 
 // sshBootstrap is the real bootstrap over SSH.
@@ -1007,32 +683,23 @@ func (s *Server) waitRegistered(ctx context.Context, id string, since time.Time)
 	}
 }
 
-// failLaunch ends a launch that cannot go on: the waiting jobs go back to
-// the queue with the reason, the reservation is released, the token
-// revoked, and a machine that exists is deleted.
+// failLaunch ends a launch that cannot go on (burstctl's Fail): the
+// waiting jobs go back to the queue with the reason, the reservation is
+// released, the token revoked, and a machine that exists is deleted.
 func (s *Server) failLaunch(ctx context.Context, id string, cause error) {
-	rec, _ := s.update(ctx, id, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-		jobs := s.unbindLocked(id, now, "burst failed: "+cause.Error())
-		r.Reason = cause.Error()
-		sha := r.TokenSHA256
-		if r.ProviderID != "" {
-			r.Transit(now, string(burst.Terminating), "failed", cause.Error())
-		} else {
-			t := now
-			r.TerminatedAt = &t
-			r.Transit(now, string(burst.Failed), "failed", cause.Error())
-		}
-		return jobs, func(tx broker.Tx) error {
-			if err := broker.DeleteInstanceToken(tx, sha); err != nil {
-				return err
-			}
-			return broker.Release(tx, id)
-		}
-	})
-	if rec != nil && rec.SlurmNode != "" {
+	var rec *broker.InstanceRecord
+	if err := s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+		var err error
+		rec, err = c.Fail(ctx, id, now, cause)
+		return err
+	}); err != nil {
+		s.log.Error("burst launch failed and could not be recorded", "record", id, "cause", cause, "err", err)
+		return
+	}
+	if rec.SlurmNode != "" {
 		s.slurmDown(ctx, s.slurmCommands(), rec.SlurmNode, "spillway: "+cause.Error())
 	}
-	if rec != nil && rec.State == string(burst.Terminating) {
+	if rec.State == broker.MachineTerminating {
 		s.terminateWorker(ctx, id)
 	}
 }
@@ -1088,46 +755,15 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 	s.closeRecord(ctx, id, "deleted", "the provider reports the machine gone", time.Time{})
 }
 
-// closeRecord ends a record: terminated (it was ready once) or failed,
-// metered up to end (now when zero), its reservation released, its node
-// removed and anything still bound to it requeued.
+// closeRecord ends a record whose machine is gone (burstctl's Close),
+// metered up to end (now when zero).
 func (s *Server) closeRecord(ctx context.Context, id, reason, detail string, end time.Time) {
-	_, err := s.update(ctx, id, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-		if end.IsZero() {
-			end = now
-		}
-		t := end
-		r.TerminatedAt = &t
-		final := burst.Terminated
-		if r.ReadyAt == nil {
-			final = burst.Failed
-		}
-		r.Transit(now, string(final), reason, detail)
-		jobs := s.unbindLocked(id, now, "burst machine "+id+" ended")
-		for _, j := range s.holdingOnLocked(id) {
-			jj := cloneJob(j)
-			s.loseJob(jj, end, now, "node_lost", "burst machine "+id+" ended")
-			jobs = append(jobs, jj)
-		}
-		sha := r.TokenSHA256
-		return jobs, func(tx broker.Tx) error {
-			if err := broker.DeleteInstanceToken(tx, sha); err != nil {
-				return err
-			}
-			if err := tx.Delete(broker.BucketNodes, id); err != nil {
-				return err
-			}
-			return broker.Release(tx, id)
-		}
-	})
-	if err != nil {
+	if err := s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+		return c.Close(ctx, id, now, end, reason, detail)
+	}); err != nil {
 		s.log.Error("close burst record", "record", id, "err", err)
 		return
 	}
-	s.mu.Lock()
-	delete(s.nodes, id)
-	delete(s.telemetry, id)
-	s.mu.Unlock()
 	s.log.Info("burst machine ended", "record", id, "reason", reason)
 }
 
@@ -1162,7 +798,7 @@ func (s *Server) Reconcile(ctx context.Context) {
 	s.mu.Lock()
 	var stale []string
 	for id, r := range s.burst.instances {
-		if burst.MachineState(r.State).Ended() {
+		if r.State.Ended() {
 			stale = append(stale, id)
 		}
 	}
@@ -1191,7 +827,7 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 		r := s.burst.instances[inst.RecordID]
 		s.mu.Unlock()
 		key := name + "/" + inst.ID
-		if r == nil || burst.MachineState(r.State).Ended() {
+		if r == nil || r.State.Ended() {
 			s.mu.Lock()
 			first, seen := s.burst.orphans[key]
 			if !seen {
@@ -1214,7 +850,7 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 		s.mu.Lock()
 		delete(s.burst.orphans, key)
 		s.mu.Unlock()
-		if r.ProviderID == "" && burst.MachineState(r.State) == burst.Requested {
+		if r.ProviderID == "" && r.State == broker.MachineRequested {
 			continue // the worker will adopt it through the idempotent Create
 		}
 		_, _ = s.update(ctx, r.ID, func(rr *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
@@ -1226,11 +862,11 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 	s.mu.Lock()
 	var gone []*broker.InstanceRecord
 	for _, r := range s.burst.instances {
-		st := burst.MachineState(r.State)
+		st := r.State
 		if r.Provider != name || st.Ended() || r.ProviderID == "" || live[r.ProviderID] || s.burst.working[r.ID] {
 			continue
 		}
-		gone = append(gone, cloneRecord(r))
+		gone = append(gone, r.Clone())
 	}
 	s.mu.Unlock()
 	for _, r := range gone {
@@ -1254,39 +890,19 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 func (s *Server) meterMachinesLocked(cursor time.Time) []billing.Machine {
 	var out []billing.Machine
 	for _, r := range s.burst.instances {
-		if r.LaunchedAt == nil {
-			continue
-		}
 		if r.TerminatedAt != nil && !cursor.IsZero() && r.TerminatedAt.Before(cursor.Add(-time.Hour)) {
 			continue // metered long ago
 		}
-		m := billing.Machine{
-			Pool: billing.Pool{Kind: s.poolKind(r), Name: r.Provider, Node: r.ID, Provider: r.Provider, Region: r.Offer.Region,
-				InstanceType: r.Offer.InstanceType, InstanceID: r.ID},
-			GPUModel: r.Offer.GPUModel, GPUs: r.Offer.GPUs, Spot: r.Offer.Spot,
-			Prices: billing.FlatPrice(r.Offer.PricePerGPUHour()), Start: ms(*r.LaunchedAt),
-			DemandTeam: r.Team, DemandQueue: r.Queue,
+		if m, ok := burstctl.MeterMachine(r, s.burst.kinds[r.Provider]); ok {
+			out = append(out, m)
 		}
-		if r.TerminatedAt != nil {
-			m.End = ms(*r.TerminatedAt)
-			if m.End.Before(m.Start) {
-				m.End = m.Start
-			}
-		}
-		out = append(out, m)
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].Pool.InstanceID < out[b].Pool.InstanceID })
 	return out
 }
 
 func (s *Server) poolKind(r *broker.InstanceRecord) billing.PoolKind {
-	if r.Offer.Prepaid {
-		return billing.PoolLease
-	}
-	if k, ok := s.burst.kinds[r.Provider]; ok {
-		return k
-	}
-	return billing.PoolCloud
+	return burstctl.Pool(r, s.burst.kinds[r.Provider]).Kind
 }
 
 func newToken() string {

@@ -141,7 +141,7 @@ func (r *burstRig) step() {
 	}
 	r.mu.Unlock()
 	for _, a := range ms {
-		if st := burst.MachineState(r.rec(a.name).State); !st.Ended() && st != burst.Terminating {
+		if st := broker.MachineState(r.rec(a.name).State); !st.Ended() && st != broker.MachineTerminating {
 			a.sync()
 		}
 	}
@@ -208,7 +208,7 @@ func TestBurstWaitsThenLaunchesAndRuns(t *testing.T) {
 	r.until("the job runs on a burst machine", 200, func() bool { return r.job(j.ID).State == broker.StateRunning })
 	got = r.job(j.ID)
 	recs := r.records()
-	if len(recs) != 1 || recs[0].Offer.InstanceType != "small" || recs[0].State != string(burst.Ready) {
+	if len(recs) != 1 || recs[0].Offer.InstanceType != "small" || recs[0].State != broker.MachineReady {
 		t.Fatalf("records %+v", recs)
 	}
 	if got.Placements[0].Node != recs[0].ID {
@@ -284,10 +284,10 @@ func TestBurstIdleScaleDownAndBilling(t *testing.T) {
 		t.Fatal("job did not end")
 	}
 	r.run(9 * time.Minute)
-	if st := r.rec(id).State; st != string(burst.Ready) {
+	if st := r.rec(id).State; st != broker.MachineReady {
 		t.Fatalf("scaled down before the idle TTL: %s", st)
 	}
-	r.until("terminated", 200, func() bool { return r.rec(id).State == string(burst.Terminated) })
+	r.until("terminated", 200, func() bool { return r.rec(id).State == broker.MachineTerminated })
 	if len(r.cloud.DeleteCalls) == 0 {
 		t.Fatal("no delete")
 	}
@@ -327,13 +327,13 @@ func TestBurstMaxLifetime(t *testing.T) {
 	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "10h", "preemptible": true, "command": ["train"]}`)
 	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })
 	id := r.records()[0].ID
-	r.until("draining", 2000, func() bool { return r.rec(id).State == string(burst.Draining) })
+	r.until("draining", 2000, func() bool { return r.rec(id).State == broker.MachineDraining })
 	got := r.job(j.ID)
 	if got.Stop == nil || got.Stop.Reason != "preempted" {
 		t.Fatalf("job stop %+v", got.Stop)
 	}
 	r.machine(id).exit(j.ID, 143, "SIGTERM")
-	r.until("terminated", 100, func() bool { return r.rec(id).State == string(burst.Terminated) })
+	r.until("terminated", 100, func() bool { return r.rec(id).State == broker.MachineTerminated })
 	if st := r.job(j.ID).State; st.Terminal() {
 		t.Fatalf("job ended (%s) instead of returning to the queue", st)
 	}
@@ -371,7 +371,7 @@ func TestBurstHostKeyMismatchDeletesMachine(t *testing.T) {
 	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
 	r.until("a failed record", 300, func() bool {
 		recs := r.records()
-		return len(recs) > 0 && recs[0].State == string(burst.Failed)
+		return len(recs) > 0 && recs[0].State == broker.MachineFailed
 	})
 	rec := r.records()[0]
 	if !strings.Contains(rec.Reason, "host key mismatch") || len(r.cloud.DeleteCalls) == 0 {
@@ -427,7 +427,7 @@ func TestBurstCrashSafety(t *testing.T) {
 			}
 			for _, m := range machines {
 				rec, ok := byID[m.RecordID]
-				if !ok || burst.MachineState(rec.State).Ended() {
+				if !ok || rec.State.Ended() {
 					t.Fatalf("machine %s (record %s) has no live record", m.ID, m.RecordID)
 				}
 			}
@@ -444,7 +444,7 @@ func TestBurstCrashSafety(t *testing.T) {
 			r.store.View(context.Background(), func(tx broker.Tx) error {
 				for _, rec := range recs {
 					res, err := broker.GetReservation(tx, rec.ID)
-					if err == nil && res.Open && burst.MachineState(rec.State).Ended() {
+					if err == nil && res.Open && rec.State.Ended() {
 						t.Errorf("reservation of ended record %s still open", rec.ID)
 					}
 				}
@@ -567,7 +567,7 @@ func TestPreemptedOffBurstMachineIsUnbound(t *testing.T) {
 	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "10h", "preemptible": true, "command": ["train"]}`)
 	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })
 	id := r.records()[0].ID
-	r.until("draining", 2000, func() bool { return r.rec(id).State == string(burst.Draining) })
+	r.until("draining", 2000, func() bool { return r.rec(id).State == broker.MachineDraining })
 	r.machine(id).exit(j.ID, 143, "SIGTERM")
 	r.step()
 	got := r.job(j.ID)

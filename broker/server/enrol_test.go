@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
@@ -150,7 +149,7 @@ func TestEndedMachineTokenUnauthorized(t *testing.T) {
 	m.exit(j.ID, 0, "")
 	r.step()
 	r.run(9 * time.Minute)
-	r.until("terminated", 200, func() bool { return r.rec(id).State == string(burst.Terminated) })
+	r.until("terminated", 200, func() bool { return r.rec(id).State == broker.MachineTerminated })
 	if code := r.do("POST", agentapi.PathSync, m.token, agentapi.SyncRequest{Node: id, Generation: m.gen}, nil); code != http.StatusUnauthorized {
 		t.Fatalf("ended machine's token: %d, want 401", code)
 	}

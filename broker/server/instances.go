@@ -37,7 +37,7 @@ func (s *Server) instanceViews(c echo.Context, only string) ([]InstanceView, err
 		if only != "" && id != only {
 			continue
 		}
-		v := InstanceView{InstanceRecord: cloneRecord(r), Currency: s.currency()}
+		v := InstanceView{InstanceRecord: r.Clone(), Currency: s.currency()}
 		v.Age = broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second))
 		for jid := range s.byNode[id] {
 			v.RunningJobs = append(v.RunningJobs, jid)

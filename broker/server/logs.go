@@ -120,7 +120,7 @@ func (s *Server) logs(c echo.Context) error {
 				continue
 			}
 			attempt, off = cur.Attempt, 0
-			fmt.Fprintf(w, "--- spillway: attempt %d %s ---\n", attempt, describePlacements(cur.Placements))
+			fmt.Fprintf(w, "--- spillway: attempt %d %s ---\n", attempt, broker.DescribePlacements(cur.Placements))
 			w.Flush()
 			continue
 		}

@@ -131,7 +131,7 @@ func (s *Server) slurmCommands() slurm.Commands {
 // liveSlurmRecordLocked is the record backing a node that has not ended.
 func (s *Server) liveSlurmRecordLocked(node string) *broker.InstanceRecord {
 	for _, r := range s.burst.instances {
-		if r.SlurmNode == node && !burst.MachineState(r.State).Ended() {
+		if r.SlurmNode == node && !r.State.Ended() {
 			return r
 		}
 	}
@@ -158,7 +158,7 @@ func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []SlurmRe
 		if wctx == nil {
 			return res, errNotLeader
 		}
-		if live != nil && live.State != string(burst.Draining) && live.State != string(burst.Terminating) {
+		if live != nil && live.State != broker.MachineDraining && live.State != broker.MachineTerminating {
 			r.Action, r.Record, r.Offer = "launched", live.ID, live.Offer.Key()
 			res.Nodes = append(res.Nodes, r)
 			continue
@@ -189,8 +189,8 @@ func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []SlurmRe
 		id := newRecordID(now, s.ids)
 		cost := offers[0].PricePerHour.MulDiv(cfg.Reserve.D().Milliseconds(), billing.MillisPerHour)
 		rec := &broker.InstanceRecord{ID: id, Provider: offers[0].Provider, Offer: offers[0], Fallbacks: offers[1:],
-			State: string(burst.Requested), Team: team, Queue: cfg.Queue, ProjectedCost: int64(cost), CreatedAt: now, SlurmNode: name}
-		rec.History = []broker.Transition{{At: now, To: broker.State(burst.Requested), Reason: "slurm_resume",
+			State: broker.MachineRequested, Team: team, Queue: cfg.Queue, ProjectedCost: cost, CreatedAt: now, SlurmNode: name}
+		rec.History = []broker.Transition{{At: now, To: broker.State(broker.MachineRequested), Reason: "slurm_resume",
 			Detail: fmt.Sprintf("slurm node %s: %s %s, projected %s %s", name, offers[0].Provider, offers[0].InstanceType, burst.Money(cost), s.currency())}}
 		var scope string
 		err = s.putRecordLocked(ctx, rec, nil, func(tx broker.Tx) error {
@@ -361,7 +361,7 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (SlurmResult,
 			continue
 		}
 		r.Action, r.Record = "suspending", live.ID
-		if live.State == string(burst.Requested) || live.State == string(burst.Provisioning) || live.State == string(burst.Bootstrapping) {
+		if live.State == broker.MachineRequested || live.State == broker.MachineProvisioning || live.State == broker.MachineBootstrapping {
 			// Slurm gave up on the node while it was starting: its
 			// ResumeTimeout set it DOWN, which ends the launch's wait for
 			// registration, and the failed launch deletes the machine.
@@ -371,8 +371,8 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (SlurmResult,
 			continue
 		}
 		_, err := s.update(ctx, live.ID, func(rr *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-			if rr.State != string(burst.Draining) && rr.State != string(burst.Terminating) {
-				rr.Transit(now, string(burst.Draining), "slurm_suspend", "slurmctld suspends node "+name)
+			if rr.State != broker.MachineDraining && rr.State != broker.MachineTerminating {
+				rr.Transit(now, broker.MachineDraining, "slurm_suspend", "slurmctld suspends node "+name)
 			}
 			return nil, nil
 		})
@@ -391,7 +391,7 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (SlurmResult,
 // worker still running for it sees the state change and stops.
 func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
 	rec, prov := s.record(id)
-	if rec == nil || rec.State != string(burst.Draining) {
+	if rec == nil || rec.State != broker.MachineDraining {
 		return
 	}
 	cmds := s.slurmCommands()
@@ -438,8 +438,8 @@ func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
 		}
 	}
 	if _, err := s.update(ctx, id, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-		if r.State == string(burst.Draining) {
-			r.Transit(now, string(burst.Terminating), "slurm_suspend", "slurmd stopped; deleting the machine")
+		if r.State == broker.MachineDraining {
+			r.Transit(now, broker.MachineTerminating, "slurm_suspend", "slurmd stopped; deleting the machine")
 		}
 		return nil, nil
 	}); err != nil {
@@ -511,13 +511,13 @@ func (s *Server) stepSlurmd(ctx context.Context, rec *broker.InstanceRecord, pro
 		return &errStep{"slurm bootstrap", err}
 	}
 	_, err = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-		if r.State != string(burst.Bootstrapping) {
+		if r.State != broker.MachineBootstrapping {
 			return nil, nil // suspended meanwhile
 		}
 		r.Bootstrap = raw
 		t := now
 		r.ReadyAt = &t
-		r.Transit(now, string(burst.Ready), "registered", fmt.Sprintf("slurmd %s registered after %s (bootstrap %s)", r.SlurmNode,
+		r.Transit(now, broker.MachineReady, "registered", fmt.Sprintf("slurmd %s registered after %s (bootstrap %s)", r.SlurmNode,
 			broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second)), broker.FormatDuration(now.Sub(started).Truncate(time.Second))))
 		s.metrics.burstLead.WithLabelValues(r.Provider).Observe(now.Sub(r.CreatedAt).Seconds())
 		return nil, nil
@@ -600,7 +600,7 @@ func (s *Server) waitSlurmRegistered(ctx context.Context, cmds slurm.Commands, i
 	defer cancel()
 	var last slurm.Node
 	for {
-		if rec, _ := s.record(id); rec == nil || rec.State != string(burst.Bootstrapping) {
+		if rec, _ := s.record(id); rec == nil || rec.State != broker.MachineBootstrapping {
 			return errors.New("the node was suspended while slurmd started")
 		}
 		n, err := cmds.ShowNode(ctx, node)
@@ -633,7 +633,7 @@ func (s *Server) slurmLoop(ctx context.Context) {
 	s.mu.Lock()
 	s.slurm.ctx = ctx
 	for id, r := range s.burst.instances {
-		if r.SlurmNode != "" && r.State == string(burst.Draining) {
+		if r.SlurmNode != "" && r.State == broker.MachineDraining {
 			s.startWorkerLocked(ctx, id, s.slurmSuspendWorker)
 		}
 	}
@@ -658,7 +658,7 @@ func (s *Server) pollSlurmJobs(ctx context.Context) {
 	s.mu.Lock()
 	var nodes []string
 	for _, r := range s.burst.instances {
-		if r.SlurmNode != "" && r.LaunchedAt != nil && !burst.MachineState(r.State).Ended() {
+		if r.SlurmNode != "" && r.LaunchedAt != nil && !r.State.Ended() {
 			nodes = append(nodes, r.SlurmNode)
 		}
 	}
@@ -696,7 +696,7 @@ func (s *Server) mergeSlurmJobs(ctx context.Context, queried []string, jobs []sl
 		}
 	}
 	for _, r := range s.burst.instances {
-		if r.SlurmNode == "" || r.LaunchedAt == nil || burst.MachineState(r.State).Ended() || !slices.Contains(queried, r.SlurmNode) {
+		if r.SlurmNode == "" || r.LaunchedAt == nil || r.State.Ended() || !slices.Contains(queried, r.SlurmNode) {
 			continue
 		}
 		merged := slices.Clone(r.SlurmJobs)
@@ -726,7 +726,7 @@ func (s *Server) mergeSlurmJobs(ctx context.Context, queried []string, jobs []sl
 		if !changed {
 			continue
 		}
-		rr := cloneRecord(r)
+		rr := r.Clone()
 		rr.SlurmJobs = merged
 		if err := s.putRecordLocked(ctx, rr, nil, nil); err != nil {
 			s.log.Warn("slurm: record jobs", "record", r.ID, "err", err)

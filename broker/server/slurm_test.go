@@ -11,7 +11,6 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/slurm"
@@ -127,7 +126,7 @@ func TestSlurmResume(t *testing.T) {
 	id := res.Nodes[0].Record
 	rec, _ := h.srv.record(id)
 	if rec.SlurmNode != "burst-1" || rec.Offer.InstanceType != "small" || len(rec.Fallbacks) != 1 || rec.Fallbacks[0].InstanceType != "small-b" ||
-		rec.Team != "nlp" || rec.ProjectedCost != int64(price("12.00")) {
+		rec.Team != "nlp" || rec.ProjectedCost != price("12.00") {
 		t.Fatalf("record: %+v", rec)
 	}
 	// Without slurmctld the bootstrap cannot set the node's address: the
@@ -135,7 +134,7 @@ func TestSlurmResume(t *testing.T) {
 	waitUntil(t, "the launch fails", func() bool {
 		h.clock.Step(time.Second) // the delete's retry backoff
 		r, _ := h.srv.record(id)
-		return r.State == string(burst.Failed) || r.State == string(burst.Terminated)
+		return r.State == broker.MachineFailed || r.State == broker.MachineTerminated
 	})
 	rec, _ = h.srv.record(id)
 	if !strings.Contains(rec.Reason, "slurm node address") || len(cloud.DeleteCalls) == 0 {
@@ -218,9 +217,9 @@ func TestMergeSlurmJobs(t *testing.T) {
 	h, _ := slurmHarness(t)
 	launched := t0
 	for _, r := range []*broker.InstanceRecord{
-		{ID: "spw-1", Provider: "cloud", State: string(burst.Ready), SlurmNode: "burst-1", LaunchedAt: &launched,
+		{ID: "spw-1", Provider: "cloud", State: broker.MachineReady, SlurmNode: "burst-1", LaunchedAt: &launched,
 			SlurmJobs: []slurm.Job{{ID: "5", GPUs: 1, Start: t0.Add(time.Minute)}}},
-		{ID: "spw-2", Provider: "cloud", State: string(burst.Ready), SlurmNode: "burst-2", LaunchedAt: &launched,
+		{ID: "spw-2", Provider: "cloud", State: broker.MachineReady, SlurmNode: "burst-2", LaunchedAt: &launched,
 			SlurmJobs: []slurm.Job{{ID: "6", GPUs: 1, Start: t0.Add(time.Minute)}}},
 	} {
 		h.srv.mu.Lock()

@@ -9,28 +9,13 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
 // cloneJob copies a job so that a change can be built, written and only
-// then swapped into memory. Slices that a transition appends to are copied;
-// Placements' inner slices are never mutated in place.
-func cloneJob(j *broker.Job) *broker.Job {
-	c := *j
-	c.History = slices.Clone(j.History)
-	c.Placements = slices.Clone(j.Placements)
-	if j.Stop != nil {
-		st := *j.Stop
-		c.Stop = &st
-	}
-	if j.Pending != nil {
-		p := *j.Pending
-		c.Pending = &p
-	}
-	return &c
-}
+// then swapped into memory (broker.Job.Clone).
+func cloneJob(j *broker.Job) *broker.Job { return j.Clone() }
 
 func cloneNode(n *broker.Node) *broker.Node {
 	c := *n
@@ -248,14 +233,11 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 			continue // the plan is stale for this job; the next cycle decides again
 		}
 		j := cloneJob(old)
-		j.Attempt++
-		j.Placements = st.Placements
-		j.Pending, j.Stop, j.ExitCode, j.Signal, j.NotBefore = nil, nil, nil, "", nil
+		j.Start(st.Placements, now)
 		j.GangPort = 0
 		if len(j.Placements) > 1 {
 			j.GangPort = s.gangPortLocked(j)
 		}
-		j.Transit(now, broker.StateStarting, "scheduled", describePlacements(st.Placements))
 		changed = append(changed, j)
 		for _, p := range st.Placements {
 			wake[p.Node] = true
@@ -267,8 +249,7 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 			continue
 		}
 		j := cloneJob(old)
-		j.Stop = &broker.StopRequest{Reason: st.Reason, Detail: st.Detail, Signal: j.Spec.Checkpoint.Signal,
-			Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: "scheduler"}
+		j.RequestStop(st.Reason, st.Detail, "scheduler", now)
 		changed = append(changed, j)
 		for _, n := range j.Nodes() {
 			wake[n] = true
@@ -316,18 +297,6 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 	return nil
 }
 
-func describePlacements(ps []broker.Placement) string {
-	parts := make([]string, len(ps))
-	for i, p := range ps {
-		idx := make([]string, len(p.GPUs))
-		for k, g := range p.GPUs {
-			idx[k] = fmt.Sprint(g)
-		}
-		parts[i] = fmt.Sprintf("%s GPUs %s", p.Node, strings.Join(idx, ","))
-	}
-	return "on " + strings.Join(parts, "; ")
-}
-
 // endedMachineLocked reports whether name is a burst machine the
 // controller is ending or has ended.
 func (s *Server) endedMachineLocked(name string) bool {
@@ -335,8 +304,8 @@ func (s *Server) endedMachineLocked(name string) bool {
 	if !ok {
 		return false
 	}
-	switch burst.MachineState(r.State) {
-	case burst.Draining, burst.Terminating, burst.Terminated, burst.Failed:
+	switch r.State {
+	case broker.MachineDraining, broker.MachineTerminating, broker.MachineTerminated, broker.MachineFailed:
 		return true
 	}
 	return false
@@ -404,13 +373,7 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 // at lostAt, noticed now: back to the queue, unless the job must never be
 // restarted.
 func (s *Server) loseJob(j *broker.Job, lostAt, now time.Time, reason, detail string) {
-	j.Transit(lostAt, broker.StateLost, reason, detail)
-	if j.Spec.RestartPolicy == broker.RestartNever && !j.Spec.Preemptible {
-		j.Transit(now, broker.StateFailed, reason, "restartPolicy Never: not requeued")
-		return
-	}
-	j.Placements, j.Stop, j.Machine = nil, nil, ""
-	j.Transit(now, broker.StatePending, "requeued", "back in the queue after "+reason)
+	j.Lose(lostAt, now, reason, detail)
 }
 
 // endAttempt records the end of a job's current attempt from the agent's
@@ -438,12 +401,7 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 	case stop != nil && stop.Reason == "cancelled":
 		j.Transit(ended, broker.StateCancelled, "cancelled", joinDetail(stop.Detail, exit))
 	case stop != nil && stop.Reason == "preempted":
-		j.Transit(ended, broker.StatePreempted, "preempted", joinDetail(stop.Detail, exit))
-		t := ended
-		j.LastCheckpointAt = &t
-		// Back in the queue unbound: it may resume on-prem or burst anew.
-		j.Placements, j.Stop, j.Machine = nil, nil, ""
-		j.Transit(ended, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
+		j.Preempted(ended, joinDetail(stop.Detail, exit))
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
 		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
 	case stop != nil:

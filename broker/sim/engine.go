@@ -10,25 +10,30 @@
 // time), burst ticks and timers. After the events of one instant, one
 // scheduling cycle runs, as the broker runs one after a submit or a
 // freed GPU: fair-share usage advanced, a snapshot, sched.Schedule, the
-// plan applied as broker/server applies it. The burst controller decides
-// on its own grid (burst.interval), as the broker's burst loop does: an
-// input built from the jobs and machines as broker/server builds it,
-// burst.Decide, and the decision carried out — launches with budget
-// reservations and jobs bound to the machine, binds, drains and
-// scale-downs, idle marks. Randomness (lead times, capacity failures)
+// plan applied through the job lifecycle rules of package broker (Start,
+// RequestStop, Preempted). The burst controller decides on its own grid
+// (burst.interval): broker/burstctl — the executor the broker runs —
+// builds the input, burst.Decide decides, and burstctl carries it out on
+// the simulated fleet (simFleet): launches with budget reservations in a
+// broker.MemStore, fallbacks, binds, drains and scale-downs, idle marks,
+// budget months in the billing zone, spend settled slice by slice by the
+// broker's meter and Settle. Randomness (lead times, capacity failures)
 // comes from generators seeded by Options.Seed, so a seed gives the same
 // report to the bit. docs/sim.md has the model and what it leaves out.
 package sim
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/burstctl"
 	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/providers"
 )
 
 // Options are a run's settings besides the trace, cluster and policy.
@@ -147,12 +152,21 @@ type engine struct {
 	nMachines int
 	byNode    map[string]*machine
 	active    bool
-	// committed is spent + reserved per month (UTC) and scope.
-	committed map[time.Time]map[string]billing.Amount
-	usage     usageLedger
+	// closing are ended machines not yet metered through their end.
+	closing []*machine
+	// ctl carries out burst decisions on the simulated fleet; budgets
+	// holds the budgets, their months and the reservations, kept by the
+	// broker's own functions.
+	ctl      *burstctl.Controller
+	budgets  *broker.MemStore
+	offers   []providers.Offer
+	meterCfg billing.MeterConfig
+	waiting  []burstctl.Waiting
+	// err is the first error of the in-memory fleet.
+	err   error
+	usage usageLedger
 
 	snap sched.Snapshot
-	bin  burstInput
 	rec  recorder
 	res  *Result
 }
@@ -164,6 +178,11 @@ func Run(tr *Trace, c *Cluster, p Policy, opt Options) (*Result, error) {
 		return nil, err
 	}
 	e.loop()
+	// Meter the last machines through their end.
+	e.meterMachines(e.now.Add(e.meterCfg.Slice + time.Hour))
+	if e.err != nil {
+		return nil, e.err
+	}
 	return e.finish(), nil
 }
 
@@ -192,10 +211,31 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 		lead:   rand.New(rand.NewPCG(opt.Seed, 0x6c656164)), // "lead"
 		capRNG: rand.New(rand.NewPCG(opt.Seed, 0x63617061)), // "capa"
 		byID:   make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
-		committed: map[time.Time]map[string]billing.Amount{}, every: c.Config.Burst.Interval.D(),
+		every: c.Config.Burst.Interval.D(), budgets: broker.NewMemStore(), offers: slices.Clone(c.Offers),
 		largest: c.LargestNode(), res: &Result{Policy: p.Name, WaitPerGPUHour: p.Burst.WaitPerGPUHour},
 	}
+	zone := c.Config.BillingCompiled().TimeZone
+	if zone == nil {
+		zone = time.UTC
+	}
+	e.ctl = &burstctl.Controller{Fleet: simFleet{e}, Policy: p.Burst, Zone: zone, Currency: c.Currency}
+	e.meterCfg = c.Config.BillingCompiled().Meter
+	e.meterCfg.Currency, e.meterCfg.Overhead = c.Currency, c.Overhead
+	if e.meterCfg.Slice == 0 {
+		e.meterCfg.Slice = billing.DefaultSlice
+	}
 	start := tr.Jobs[0].Submit
+	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
+		for _, scope := range sortedKeys(c.Budgets) {
+			if _, err := broker.SetBudget(tx, scope, c.Budgets[scope], c.Currency, "sim", start); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
 	e.start, e.now = start, start
 	e.nodes = c.nodes(start)
 	e.onPremNodes = len(e.nodes)
@@ -392,12 +432,7 @@ func (e *engine) handle(ev event) bool {
 		}
 		// Preempted: the work up to the signal is saved.
 		sj.remaining -= stop.RequestedAt.Sub(sj.runFrom)
-		sj.j.Transit(e.now, broker.StatePreempted, "preempted", stop.Detail)
-		t := e.now
-		sj.j.LastCheckpointAt = &t
-		// Back in the queue unbound: it may resume on-prem or burst anew.
-		sj.j.Placements, sj.j.Stop, sj.j.Machine = nil, nil, ""
-		sj.j.Transit(e.now, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
+		sj.j.Preempted(e.now, stop.Detail)
 		e.pending++
 		return true
 	case evReady:
@@ -423,10 +458,7 @@ func (e *engine) release(sj *sjob) {
 	if m := sj.on; m != nil {
 		m.running = removeJob(m.running, sj)
 		m.dropJob(sj)
-		m.allocs = append(m.allocs, billing.Allocation{
-			Job: sj.t.ID, Attempt: sj.j.Attempt, Team: sj.t.Team, Queue: sj.t.Queue, Pool: machinePool(m),
-			GPUModel: m.offer.GPUModel, Spot: m.offer.Spot, GPUMilli: int64(gpus) * 1000, Start: sj.runFrom, End: e.now,
-		})
+		m.allocs = append(m.allocs, e.allocation(sj, m, e.now))
 		sj.on = nil
 	}
 	e.usage.release(sj.t.Team, gpus, sj.runFrom, e.now)
@@ -512,14 +544,14 @@ func (e *engine) boundToReady() bool {
 		return false
 	}
 	for _, m := range e.alive {
-		if m.state == burst.Ready && len(m.bound) > 0 {
+		if m.rec.State == broker.MachineReady && len(m.bound) > 0 {
 			return true
 		}
 	}
 	return false
 }
 
-// apply carries a plan out as broker/server's applyLocked does, with
+// apply carries a plan out through the job lifecycle rules, with
 // simulated agents that start jobs at once and report their ends. Jobs
 // the burst controller bound to a machine (provisioning) start on it
 // through the same plan (sched's placeBound).
@@ -540,10 +572,7 @@ func (e *engine) apply(plan *sched.Plan) {
 		} else {
 			e.pending--
 		}
-		j.Attempt++
-		j.Placements = st.Placements
-		j.Pending, j.Stop, j.NotBefore = nil, nil, nil
-		j.Transit(e.now, broker.StateStarting, "scheduled", "")
+		j.Start(st.Placements, e.now)
 		t := e.now
 		j.StartedAt = &t
 		j.Transit(e.now, broker.StateRunning, "started", "")
@@ -593,25 +622,17 @@ func (e *engine) apply(plan *sched.Plan) {
 // stop asks a holding job to stop: the simulated job saves its work at
 // the signal and exits CheckpointTime later.
 func (e *engine) stop(sj *sjob, reason, detail, by string) {
-	j := sj.j
-	if j.Stop != nil || !j.State.Holding() {
-		return
+	if sj.j.RequestStop(reason, detail, by, e.now) {
+		e.stopRequested(sj)
 	}
-	j.Stop = &broker.StopRequest{Reason: reason, Detail: detail, Signal: j.Spec.Checkpoint.Signal,
-		Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: e.now, By: by}
-	if reason == sched.StopPreempted {
-		e.res.Preemptions++
-	}
-	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: j.Attempt})
 }
 
-// lastQueued is when a job last entered the queue: the time the
-// scheduler's starvation guard counts from.
-func lastQueued(j *broker.Job) time.Time {
-	if n := len(j.History); n > 0 && j.History[n-1].To == broker.StatePending {
-		return j.History[n-1].At
+// stopRequested starts the simulated job's exit after a stop request.
+func (e *engine) stopRequested(sj *sjob) {
+	if sj.j.Stop.Reason == sched.StopPreempted {
+		e.res.Preemptions++
 	}
-	return j.SubmittedAt
+	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: sj.j.Attempt})
 }
 
 // wantWake asks for a scheduling cycle at t.
@@ -650,7 +671,7 @@ func (e *engine) arm() {
 	if age := e.policy.StarvationAge; age > 0 && e.pending > 0 {
 		for _, sj := range e.live {
 			if sj.j.State == broker.StatePending {
-				e.wantWake(lastQueued(sj.j).Add(age))
+				e.wantWake(sj.j.LastQueued().Add(age))
 			}
 		}
 	}
@@ -663,21 +684,21 @@ func (e *engine) arm() {
 	p := e.pol.Burst
 	lifetime := p.MaxLifetime > 0
 	for _, m := range e.alive {
-		if m.state != burst.Ready {
+		if m.rec.State != broker.MachineReady {
 			continue
 		}
 		// Machines are in launch order: the first ready one reaches its
 		// lifetime first.
 		if lifetime {
-			e.wantBurst(m.launched.Add(p.MaxLifetime))
+			e.wantBurst(m.rec.LaunchedAt.Add(p.MaxLifetime))
 			lifetime = false
 		}
-		if !m.idleSince.IsZero() {
-			e.wantBurst(m.idleSince.Add(p.IdleTTL))
+		if m.rec.IdleSince != nil {
+			e.wantBurst(m.rec.IdleSince.Add(p.IdleTTL))
 		}
 	}
 	if e.res.BudgetBlockedJobs > 0 && e.pending > 0 {
-		e.wantBurst(billing.MonthOf(e.now, time.UTC).To)
+		e.wantBurst(e.ctl.MonthEnd(e.now))
 	}
 	if b := e.nextBurst; !b.IsZero() && (e.burstAt.IsZero() || !e.burstAt.After(e.now) || b.Before(e.burstAt)) {
 		e.burstAt = b

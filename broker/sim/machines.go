@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -9,35 +11,27 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
-	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/broker/burstctl"
 	"github.com/spillway-dev/spillway/providers"
 )
 
-// machine is a simulated burst machine: the broker's instance record and
-// the provider's machine in one.
+// machine is a simulated burst machine: the broker's record of it (kept
+// by burstctl, as in the broker), and the provider's machine and agent's
+// node it stands for.
 type machine struct {
-	id       string
-	offer    providers.Offer
-	team     string
-	queue    string
-	state    burst.MachineState
-	launched time.Time
-	readyAt  time.Time
-	ended    time.Time
-	node     *broker.Node
+	rec  *broker.InstanceRecord
+	node *broker.Node
 	// bound are the jobs waiting for the machine (provisioning); running
-	// the jobs holding its cards; jobIDs the ids of both, as the burst
-	// decision's Machine.Jobs (kept sorted).
+	// the jobs holding its cards; jobIDs the ids of both (kept sorted).
 	bound   []*sjob
 	running []*sjob
 	jobIDs  []string
 	// used is the GPUs of bound and running jobs.
-	used      int
-	idleSince time.Time
-	allocs    []billing.Allocation
-	// reserved is the budget reservation (projected cost) made in resMonth.
-	reserved billing.Amount
-	resMonth time.Time
+	used int
+	// allocs are the ended allocations on the machine not yet metered
+	// through; metered is the meter's cursor for the machine.
+	allocs  []billing.Allocation
+	metered time.Time
 }
 
 func (m *machine) addJob(sj *sjob) {
@@ -53,82 +47,23 @@ func (m *machine) dropJob(sj *sjob) {
 	m.used -= sj.j.Spec.Resources.GPUs
 }
 
-// burstInput is the burst decision's input, its buffers reused from
-// decision to decision (Decide keeps none of them).
-type burstInput struct {
-	in       burst.Input
-	offers   []providers.Offer
-	machines []burst.Machine
-}
-
-// burst is one burst decision, built and carried out as broker/server's
-// BurstCycle does (burstInputLocked, applyBurstLocked).
+// burst is one burst decision: the machines metered up to now (their
+// cost settles the budgets slice by slice), the budgets read, then the
+// decision taken and carried out by burstctl on the simulated fleet.
 func (e *engine) burst() {
 	e.res.BurstDecisions++
-	bi := &e.bin
-	in := &bi.in
-	*in = burst.Input{Now: e.now, Policy: e.pol.Burst, OnPremGPUs: e.onPremGPUs, OnPremAllocated: e.onPremHeld,
-		Currency: e.c.Currency, Active: e.active, Pending: in.Pending[:0], Machines: bi.machines[:0], Budgets: in.Budgets}
-	// Waiting jobs and jobs bound to a machine, in id order (e.live is).
-	for _, sj := range e.live {
-		j := sj.j
-		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
-			continue
-		}
-		in.Pending = append(in.Pending, sj.burstJob())
+	ctx := context.Background()
+	e.meterMachines(e.now)
+	budgets, err := e.ctl.Budgets(ctx, e.budgets, e.now)
+	if err != nil {
+		e.fail(err)
+		return
 	}
-	for _, m := range e.alive {
-		bm := burst.Machine{ID: m.id, Provider: m.offer.Provider, Offer: m.offer, State: m.state, Team: m.team,
-			Jobs: m.jobIDs, GPUsUsed: m.used, LaunchedAt: m.launched, IdleSince: m.idleSince}
-		if m.state == burst.Ready || m.state == burst.Draining {
-			bm.ReadyGPUs = m.offer.GPUs
-		}
-		in.Machines = append(in.Machines, bm)
-	}
-	bi.machines = in.Machines
-	if bi.offers == nil {
-		bi.offers = slices.Clone(e.c.Offers)
-	}
-	in.Offers = bi.offers
-	if in.Budgets == nil {
-		in.Budgets = map[string]burst.Budget{}
-	}
-	month := billing.MonthOf(e.now, time.UTC).From
-	for scope, limit := range e.c.Budgets {
-		in.Budgets[scope] = burst.Budget{Limit: limit, Committed: e.committed[month][scope]}
-	}
-	d := burst.Decide(in)
+	d := burst.Decide(e.ctl.Input(e.now, e.active, budgets))
 	e.active = d.Active
-	for _, l := range d.Launches {
-		e.launch(l)
-	}
-	for _, b := range d.Binds {
-		sj, m := e.byID[b.Job], e.machineByID(b.Machine)
-		if sj == nil || m == nil || sj.j.State != broker.StatePending {
-			continue
-		}
-		e.bind(sj, m)
-		m.idleSince = time.Time{}
-		if m.state == burst.Ready {
-			// The scheduler's next cycle starts it there (placeBound).
-			e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
-		}
-	}
-	for _, s := range d.Stops {
-		if m := e.machineByID(s.Machine); m != nil {
-			e.scaleDown(m, s)
-		}
-	}
-	// Idle marks: set when a ready machine's last job goes, cleared when
-	// one comes.
-	for _, m := range e.alive {
-		switch {
-		case m.state != burst.Ready:
-		case len(m.jobIDs) == 0 && m.idleSince.IsZero():
-			m.idleSince = e.now
-		case len(m.jobIDs) > 0:
-			m.idleSince = time.Time{}
-		}
+	if err := e.ctl.Apply(ctx, e.now, &d); err != nil {
+		e.fail(err)
+		return
 	}
 	for id, r := range d.Reasons {
 		switch r.Code {
@@ -143,28 +78,21 @@ func (e *engine) burst() {
 	}
 }
 
-// waitingSince is when a job last entered the queue, as the broker's
-// burst input has it: a job requeued after a preemption keeps its submit
-// time, so it may resume on burst capacity at once.
-func waitingSince(j *broker.Job) time.Time {
-	for i := len(j.History) - 1; i >= 0; i-- {
-		if j.History[i].To == broker.StatePending {
-			if j.History[i].From == broker.StatePreempted {
-				return j.SubmittedAt
-			}
-			return j.History[i].At
-		}
+// fail keeps the first error of the replay (the in-memory fleet has
+// none to give unless a rule is broken).
+func (e *engine) fail(err error) {
+	if e.err == nil {
+		e.err = err
 	}
-	return j.SubmittedAt
 }
 
 // machineByID finds a live machine (alive is in id order).
 func (e *engine) machineByID(id string) *machine {
 	i, ok := slices.BinarySearchFunc(e.alive, id, func(m *machine, id string) int {
 		switch {
-		case m.id < id:
+		case m.rec.ID < id:
 			return -1
-		case m.id > id:
+		case m.rec.ID > id:
 			return 1
 		}
 		return 0
@@ -181,156 +109,234 @@ func (e *engine) wakeMinWait(sj *sjob) {
 	if sj == nil {
 		return
 	}
-	e.wantBurst(waitingSince(sj.j).Add(e.pol.Burst.MinWaitFor(sj.burstJob())))
+	w := burstctl.Waiting{Job: sj.j, MinWait: sj.minWait}
+	if bj, ok := burstctl.PendingJob(w, e.now); ok {
+		e.wantBurst(bj.WaitingSince.Add(e.pol.Burst.MinWaitFor(bj)))
+	}
 }
 
-// burstJob is the waiting job as the burst decision sees it.
-func (sj *sjob) burstJob() burst.Job {
-	j := sj.j
-	return burst.Job{ID: j.ID, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority, Burst: j.Spec.Burst,
-		Preemptible: j.Spec.Preemptible, GPUs: j.Spec.Resources.GPUs, Nodes: max(1, j.Spec.Resources.Nodes),
-		GPUModel: j.Spec.Resources.GPUModel, GPUMemory: int64(j.Spec.Resources.GPUMemory), Timeout: j.Spec.Timeout.D(),
-		WaitingSince: waitingSince(j), Machine: j.Machine, EstimatedStart: sj.est, Why: sj.why, MinWait: sj.minWait}
+// simFleet is the simulator's burstctl.Fleet: machines in memory, budgets
+// in a broker.MemStore, a provider that answers at once (with the
+// configured capacity failures) and machines ready after a drawn lead
+// time.
+type simFleet struct{ e *engine }
+
+var _ burstctl.Fleet = simFleet{}
+
+func (f simFleet) Job(id string) *broker.Job {
+	if sj := f.e.byID[id]; sj != nil && sj.live >= 0 {
+		return sj.j
+	}
+	return nil
 }
 
-// bind moves a waiting job to provisioning on machine m.
-func (e *engine) bind(sj *sjob, m *machine) {
-	sj.j.Machine = m.id
-	sj.j.Transit(e.now, broker.StateProvisioning, "burst", "bound to "+m.id)
-	sj.bound = m
-	sj.why, sj.est = "", nil
-	m.bound = append(m.bound, sj)
-	m.addJob(sj)
-	e.pending--
-	e.provisioning++
+func (f simFleet) Record(id string) *broker.InstanceRecord {
+	if m := f.e.machineByID(id); m != nil {
+		return m.rec
+	}
+	return nil
 }
 
-// unbind returns a job bound to a machine to the queue.
-func (e *engine) unbind(sj *sjob, why string) {
-	m := sj.bound
-	m.bound = removeJob(m.bound, sj)
-	m.dropJob(sj)
-	sj.bound = nil
-	sj.j.Machine = ""
-	sj.j.Transit(e.now, broker.StatePending, "burst_failed", why)
-	e.provisioning--
-	e.pending++
+func (f simFleet) Records() []*broker.InstanceRecord {
+	out := make([]*broker.InstanceRecord, len(f.e.alive))
+	for i, m := range f.e.alive {
+		out[i] = m.rec
+	}
+	return out
 }
 
-// launch carries out one launch as the broker does: the jobs still
-// waiting are bound to a new machine record and its projected cost is
-// reserved against the budgets in one step (nothing happens when the
-// budget cannot take it); then the provider is asked for the offer, and
-// on a capacity error for each fallback in turn, re-reserving for its
-// price; when none can be had the jobs go back to the queue.
-func (e *engine) launch(l burst.Launch) {
-	var jobs []*sjob
-	for _, id := range l.Jobs {
-		if sj := e.byID[id]; sj != nil && sj.j.State == broker.StatePending {
-			jobs = append(jobs, sj)
+func (f simFleet) Waiting() []burstctl.Waiting {
+	e := f.e
+	out := e.waiting[:0]
+	for _, sj := range e.live { // in id order
+		if st := sj.j.State; st == broker.StatePending || st == broker.StateProvisioning {
+			out = append(out, burstctl.Waiting{Job: sj.j, EstimatedStart: sj.est, Why: sj.why, MinWait: sj.minWait})
 		}
 	}
-	if len(jobs) == 0 {
+	e.waiting = out
+	return out
+}
+
+func (f simFleet) OnPrem() (int, int) { return f.e.onPremGPUs, f.e.onPremHeld }
+
+func (f simFleet) MachineJobs(id string) ([]string, int) {
+	if m := f.e.machineByID(id); m != nil {
+		return m.jobIDs, m.used
+	}
+	return nil, 0
+}
+
+func (f simFleet) OnMachine(id string) (waiting, holding []*broker.Job) {
+	m := f.e.machineByID(id)
+	if m == nil {
+		return nil, nil
+	}
+	for _, sj := range m.bound {
+		waiting = append(waiting, sj.j)
+	}
+	for _, sj := range m.running {
+		holding = append(holding, sj.j)
+	}
+	byID := func(a, b *broker.Job) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	}
+	slices.SortFunc(waiting, byID)
+	slices.SortFunc(holding, byID)
+	return waiting, holding
+}
+
+func (f simFleet) ReadyGPUs(id string) int {
+	if m := f.e.machineByID(id); m != nil && (m.rec.State == broker.MachineReady || m.rec.State == broker.MachineDraining) {
+		return m.rec.Offer.GPUs
+	}
+	return 0
+}
+
+func (f simFleet) Offers() []providers.Offer { return f.e.offers }
+
+func (f simFleet) NewRecordID(time.Time) string {
+	f.e.nMachines++
+	return fmt.Sprintf("m%06d", f.e.nMachines)
+}
+
+// Commit applies a step: the budget change in the store, then the
+// records, then the jobs, with what each change means for the
+// simulation (queues, nodes, stop signals, metering).
+func (f simFleet) Commit(ctx context.Context, st *burstctl.Step) error {
+	e := f.e
+	if st.Budget != nil {
+		if err := e.budgets.Update(ctx, st.Budget); err != nil {
+			return err
+		}
+	}
+	for _, r := range st.Records {
+		e.putRecord(r)
+	}
+	for _, j := range st.Jobs {
+		e.putJob(j)
+	}
+	return nil
+}
+
+// putRecord takes a machine record the controller wrote.
+func (e *engine) putRecord(r *broker.InstanceRecord) {
+	m := e.machineByID(r.ID)
+	if m == nil {
+		if r.State.Ended() {
+			return
+		}
+		e.res.LaunchAttempts++
+		m = &machine{rec: r}
+		e.alive = append(e.alive, m) // ids grow: alive stays in id order
+	}
+	old := m.rec
+	m.rec = r
+	switch {
+	case r.State == broker.MachineReady && old.State != broker.MachineReady && m.node == nil:
+		m.node = simNode(r.ID, r.Offer.Provider, r.ID, r.Offer.GPUs, r.Offer.GPUModel, r.Offer.GPUMemoryBytes, "", nil, e.now)
+		e.nodes = append(e.nodes, m.node)
+		e.byNode[m.node.Name] = m
+	case r.State.Ended():
+		if m.node != nil {
+			e.nodes = slices.DeleteFunc(e.nodes, func(n *broker.Node) bool { return n == m.node })
+			delete(e.byNode, m.node.Name)
+		}
+		e.alive = slices.DeleteFunc(e.alive, func(x *machine) bool { return x == m })
+		if r.LaunchedAt != nil {
+			e.closing = append(e.closing, m)
+		}
+		e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
+	}
+}
+
+// putJob takes a job the controller changed: bound to a machine, back in
+// the queue, asked to stop, or lost with its machine.
+func (e *engine) putJob(nj *broker.Job) {
+	sj := e.byID[nj.ID]
+	old := sj.j
+	switch {
+	case old.State == broker.StatePending && nj.State == broker.StateProvisioning:
+		m := e.machineByID(nj.Machine)
+		sj.bound = m
+		sj.why, sj.est = "", nil
+		m.bound = append(m.bound, sj)
+		sj.j = nj
+		m.addJob(sj)
+		e.pending--
+		e.provisioning++
+		if m.rec.State == broker.MachineReady {
+			// The scheduler's next cycle starts it there (placeBound).
+			e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
+		}
 		return
-	}
-	month := billing.MonthOf(e.now, time.UTC).From
-	if !l.Offer.Prepaid && !e.mayReserve(month, l.Team, l.ProjectedCost) {
-		for _, sj := range jobs {
-			if !sj.budgetBlocked {
-				sj.budgetBlocked = true
-				e.res.BudgetBlockedJobs++
-			}
+	case old.State == broker.StateProvisioning && nj.State != broker.StateProvisioning:
+		m := sj.bound
+		m.bound = removeJob(m.bound, sj)
+		m.dropJob(sj)
+		sj.bound = nil
+		e.provisioning--
+		e.pending++
+	case old.State.Holding() && !nj.State.Holding():
+		e.release(sj)
+		if nj.State == broker.StatePending {
+			e.pending++
 		}
-		return
 	}
-	e.res.LaunchAttempts++
-	e.nMachines++
-	m := &machine{id: fmt.Sprintf("m%06d", e.nMachines), offer: l.Offer, team: l.Team, queue: l.Queue, state: burst.Requested}
-	e.alive = append(e.alive, m) // ids grow: alive stays in id order
-	if !l.Offer.Prepaid {
-		m.reserved, m.resMonth = l.ProjectedCost, month
-		e.commit(month, l.Team, l.ProjectedCost)
+	sj.j = nj
+	switch {
+	case nj.State.Terminal():
+		e.retire(sj)
+	case nj.State.Holding() && old.Stop == nil && nj.Stop != nil:
+		e.stopRequested(sj)
 	}
-	for _, sj := range jobs {
-		e.bind(sj, m)
-	}
-	offers := append([]providers.Offer{l.Offer}, l.Fallbacks...)
-	for i, o := range offers {
-		if i > 0 {
-			// The next offer: release, then reserve for its price.
-			e.commit(m.resMonth, m.team, -m.reserved)
-			m.offer, m.reserved = o, 0
-			cost := projectFor(o, e.pol.Burst, jobs)
-			if !o.Prepaid {
-				if !e.mayReserve(month, l.Team, cost) {
-					break
-				}
-				m.reserved = cost
-				e.commit(month, l.Team, cost)
-			}
-		}
+}
+
+// errNoCapacity is the simulated provider's answer for a draw of
+// CapacityFailureRate.
+var errNoCapacity = errors.New("insufficient capacity (simulated)")
+
+// Launch is the simulated provider: each offer in turn is had unless a
+// draw says it has no capacity; a machine created is ready after a lead
+// time drawn for its offer.
+func (f simFleet) Launch(ctx context.Context, id string) {
+	e := f.e
+	for {
 		if e.capRNG.Float64() < e.c.CapacityFailureRate {
 			e.res.CapacityErrors++
-			continue
-		}
-		m.state, m.launched = burst.Provisioning, e.now
-		e.push(event{at: e.now.Add(e.leadTime(o)), kind: evReady, m: m})
-		return
-	}
-	// No offer could be had: the jobs go back, the reservation is
-	// released, the record fails.
-	e.res.LaunchFailures++
-	for _, sj := range slices.Clone(m.bound) {
-		e.unbind(sj, "burst failed: no offer could be had")
-	}
-	e.commit(m.resMonth, m.team, -m.reserved)
-	m.reserved, m.state, m.ended = 0, burst.Failed, e.now
-	e.alive = slices.DeleteFunc(e.alive, func(x *machine) bool { return x == m })
-	e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
-}
-
-// projectFor is a machine's projected cost on offer o: its price for the
-// longest timeout of its jobs, capped by the lifetime (broker/server's
-// projectFor).
-func projectFor(o providers.Offer, p burst.Policy, jobs []*sjob) billing.Amount {
-	var d time.Duration
-	for _, sj := range jobs {
-		d = max(d, sj.j.Spec.Timeout.D())
-	}
-	if d <= 0 || d > p.MaxLifetime {
-		d = p.MaxLifetime
-	}
-	return o.PricePerHour.MulDiv(d.Milliseconds(), billing.MillisPerHour)
-}
-
-// mayReserve reports whether amount fits the team's budget (when it has
-// one) and the global budget (which must exist) this month.
-func (e *engine) mayReserve(month time.Time, team string, amount billing.Amount) bool {
-	for _, scope := range []string{team, broker.GlobalScope} {
-		limit, ok := e.c.Budgets[scope]
-		if !ok {
-			if scope == broker.GlobalScope {
-				return false
+			_, ok, err := e.ctl.NextOffer(ctx, id, e.now, errNoCapacity)
+			if err == nil && !ok {
+				e.res.LaunchFailures++
+				_, err = e.ctl.Fail(ctx, id, e.now, fmt.Errorf("no offer could be had: %w", errNoCapacity))
+			}
+			if err != nil {
+				e.fail(err)
+			}
+			if !ok {
+				return
 			}
 			continue
 		}
-		if e.committed[month][scope]+amount > limit {
-			return false
+		if err := e.ctl.Launched(ctx, id, e.now, providers.Instance{ID: id}); err != nil {
+			e.fail(err)
+			return
 		}
+		m := e.machineByID(id)
+		e.push(event{at: e.now.Add(e.leadTime(m.rec.Offer)), kind: evReady, m: m})
+		return
 	}
-	return true
 }
 
-// commit adds an amount to what counts against a team's and the global
-// budget in a month.
-func (e *engine) commit(month time.Time, team string, a billing.Amount) {
-	c := e.committed[month]
-	if c == nil {
-		c = map[string]billing.Amount{}
-		e.committed[month] = c
+// Delete is the simulated provider deleting a machine at once.
+func (f simFleet) Delete(ctx context.Context, id string) {
+	if err := f.e.ctl.Close(ctx, id, f.e.now, time.Time{}, "deleted", "the provider reports the machine gone"); err != nil {
+		f.e.fail(err)
 	}
-	c[team] += a
-	c[broker.GlobalScope] += a
 }
 
 // zOf99 is the standard normal's 99th percentile.
@@ -355,76 +361,64 @@ func (e *engine) leadTime(o providers.Offer) time.Duration {
 // ready registers a machine's agent: its node joins the cluster, and the
 // scheduler's cycle that follows starts the jobs bound to it.
 func (e *engine) ready(m *machine) {
-	if m.state != burst.Provisioning {
+	if m.rec.State != broker.MachineProvisioning {
 		return
 	}
-	m.state, m.readyAt = burst.Ready, e.now
-	m.node = simNode(m.id, m.offer.Provider, m.id, m.offer.GPUs, m.offer.GPUModel, m.offer.GPUMemoryBytes, "", nil, e.now)
-	e.nodes = append(e.nodes, m.node)
-	e.byNode[m.node.Name] = m
+	if err := e.ctl.Ready(context.Background(), m.rec.ID, e.now); err != nil {
+		e.fail(err)
+	}
 }
 
-// scaleDown carries out a stop as the broker does: jobs bound to the
-// machine go back to the queue, jobs on it are stopped with their
-// checkpoint signal (preempted) and the machine drains; a machine with no
-// job left ends.
-func (e *engine) scaleDown(m *machine, s burst.Stop) {
-	for _, sj := range slices.Clone(m.bound) {
-		e.unbind(sj, "burst machine "+m.id+" is going away: "+s.Detail)
-	}
-	if len(m.running) > 0 {
-		for _, sj := range m.running {
-			e.stop(sj, sched.StopPreempted, "burst machine "+m.id+": "+s.Detail, "burst controller")
+// meterMachines meters every launched machine up to now, slice by slice
+// by billing.Meter on the broker's slices: the entries settle the budgets (spend in
+// their month, the machine's reservation covered) and add to the result.
+// Ended machines leave once metered through their end.
+func (e *engine) meterMachines(now time.Time) {
+	for _, m := range e.alive {
+		if m.rec.LaunchedAt != nil {
+			e.meter(m, now)
 		}
-		m.state = burst.Draining
+	}
+	e.closing = slices.DeleteFunc(e.closing, func(m *machine) bool {
+		e.meter(m, now)
+		if m.metered.Before(*m.rec.TerminatedAt) {
+			return false
+		}
+		e.res.Machines++
+		boot := *m.rec.TerminatedAt
+		if m.rec.ReadyAt != nil {
+			boot = *m.rec.ReadyAt
+		}
+		e.res.bootMillis += int64(m.rec.Offer.GPUs) * boot.Sub(*m.rec.LaunchedAt).Milliseconds()
+		return true
+	})
+}
+
+// meter meters one machine from its cursor up to now.
+func (e *engine) meter(m *machine, now time.Time) {
+	bm, _ := burstctl.MeterMachine(m.rec, "")
+	allocs := m.allocs
+	for _, sj := range m.running {
+		allocs = append(allocs, e.allocation(sj, m, time.Time{}))
+	}
+	out := billing.Meter(e.meterCfg, billing.MeterInput{From: m.metered, Now: now, Allocations: allocs, Machines: []billing.Machine{bm}})
+	if !out.Through.After(m.metered) {
 		return
 	}
-	e.terminate(m)
-	e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
-}
-
-// terminate ends a machine: its node leaves the cluster, and its GPU-time
-// is metered and settles its reservation.
-func (e *engine) terminate(m *machine) {
-	if m.node != nil {
-		e.nodes = slices.DeleteFunc(e.nodes, func(n *broker.Node) bool { return n == m.node })
-		delete(e.byNode, m.node.Name)
-	}
-	m.state, m.ended = burst.Terminated, e.now
-	e.alive = slices.DeleteFunc(e.alive, func(x *machine) bool { return x == m })
-	e.meter(m)
-}
-
-func machinePool(m *machine) billing.Pool {
-	kind := billing.PoolCloud
-	if m.offer.Prepaid {
-		kind = billing.PoolLease
-	}
-	return billing.Pool{Kind: kind, Name: m.offer.Provider, Node: m.id, Provider: m.offer.Provider, Region: m.offer.Region,
-		InstanceType: m.offer.InstanceType, InstanceID: m.id}
-}
-
-// meter prices an ended machine with the billing meter, as the broker's
-// ledger would: usage entries for its jobs, overhead for the rest of its
-// GPU-time from launch to end (one-hour slices). The cost becomes the
-// month's spend and the reservation is released.
-func (e *engine) meter(m *machine) {
-	bm := billing.Machine{Pool: machinePool(m), GPUModel: m.offer.GPUModel, GPUs: m.offer.GPUs, Spot: m.offer.Spot,
-		Prices: billing.FlatPrice(m.offer.PricePerGPUHour()), Start: m.launched, End: m.ended, DemandTeam: m.team, DemandQueue: m.queue}
-	cfg := billing.MeterConfig{Slice: time.Hour, Currency: e.c.Currency, Overhead: e.c.Overhead}
-	out := billing.Meter(cfg, billing.MeterInput{Now: m.ended, Allocations: m.allocs, Machines: []billing.Machine{bm}})
-	m.allocs = nil
-	if m.reserved != 0 {
-		e.commit(m.resMonth, m.team, -m.reserved)
-		m.reserved = 0
+	m.metered = out.Through
+	m.allocs = slices.DeleteFunc(m.allocs, func(a billing.Allocation) bool { return !a.End.After(out.Through) })
+	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
+		for _, en := range out.Entries {
+			if err := broker.Settle(tx, en, e.ctl.Zone); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.fail(err)
 	}
 	r := e.res
-	r.Machines++
-	boot := m.ended
-	if !m.readyAt.IsZero() {
-		boot = m.readyAt
-	}
-	r.bootMillis += int64(m.offer.GPUs) * boot.Sub(m.launched).Milliseconds()
 	for _, en := range out.Entries {
 		switch en.Kind {
 		case billing.KindUsage:
@@ -435,17 +429,17 @@ func (e *engine) meter(m *machine) {
 			r.OverheadCost += en.Cost
 		}
 		r.BurstCost += en.Cost
-		if !m.offer.Prepaid {
-			month := billing.MonthOf(en.Start, time.UTC).From
-			c := e.committed[month]
-			if c == nil {
-				c = map[string]billing.Amount{}
-				e.committed[month] = c
-			}
-			c[en.Team] += en.Cost
-			c[broker.GlobalScope] += en.Cost
-			r.spend(month, en.Team, en.Cost)
+		if en.Pool.Kind != billing.PoolOnPrem && en.Cost != 0 {
+			r.spend(billing.MonthOf(en.Start, e.ctl.Zone).From, en.Team, en.Cost)
 		}
 	}
 	r.meterProblems += len(out.Problems)
+}
+
+// allocation is a job's attempt on a burst machine for the meter, ended
+// at end (zero while it runs).
+func (e *engine) allocation(sj *sjob, m *machine, end time.Time) billing.Allocation {
+	return billing.Allocation{Job: sj.t.ID, Attempt: sj.j.Attempt, Team: sj.t.Team, Queue: sj.t.Queue,
+		Pool: burstctl.Pool(m.rec, ""), GPUModel: m.rec.Offer.GPUModel, Spot: m.rec.Offer.Spot,
+		GPUMilli: int64(sj.j.TotalGPUs()) * 1000, Start: sj.runFrom, End: end}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 )
 
 // Stats summarises durations, in seconds.
@@ -170,8 +169,8 @@ func (r *recorder) sample(e *engine) {
 	r.onPrem = float64(e.onPremHeld)
 	g := 0
 	for _, m := range e.alive {
-		if m.state != burst.Requested {
-			g += m.offer.GPUs
+		if m.rec.State != broker.MachineRequested {
+			g += m.rec.Offer.GPUs
 		}
 	}
 	r.burstGPU = float64(g)

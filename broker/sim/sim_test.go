@@ -145,8 +145,10 @@ func TestPoliciesOnABurst(t *testing.T) {
 			if !near(r.BurstGPUHours, 13.2) || !near(r.UsageGPUHours, 12) || !near(r.BootGPUHours, 0.2) || !near(r.IdleGPUHours, 1) {
 				t.Errorf("burst %v GPU-h (usage %v, boot %v, idle %v), want 13.2 (12, 0.2, 1)", r.BurstGPUHours, r.UsageGPUHours, r.BootGPUHours, r.IdleGPUHours)
 			}
-			if r.BurstCost != usd("26.4") || r.OverheadCost != usd("2.4") || r.Machines != 12 {
-				t.Errorf("cost %s (overhead %s) on %d machines, want 26.4 (2.4) on 12", r.BurstCost, r.OverheadCost, r.Machines)
+			// Metered as the broker meters: one-minute slices, each GPU-minute
+			// priced 2/60 USD to the micro (0.033333).
+			if r.BurstCost != usd("26.399736") || r.OverheadCost != usd("2.399976") || r.Machines != 12 {
+				t.Errorf("cost %s (overhead %s) on %d machines, want 26.399736 (2.399976) on 12", r.BurstCost, r.OverheadCost, r.Machines)
 			}
 			if !near(r.BurstOverFluid, 1.1) {
 				t.Errorf("burst over fluid %v, want 1.1", r.BurstOverFluid)
@@ -242,8 +244,9 @@ func TestBudgetHoldsWorkBack(t *testing.T) {
 			global = b
 		}
 	}
-	// Actual cost (7 × 1.1h × 2 USD) passes the projection of 1h each.
-	if global.Month != "2026-03" || global.Spent != usd("15.4") || global.Within {
+	// Actual cost (7 × 66 GPU-minutes × 0.033333 USD, the meter's
+	// one-minute slices) passes the projection of 1h each.
+	if global.Month != "2026-03" || global.Spent != usd("15.399846") || global.Within {
 		t.Fatalf("global budget %+v", global)
 	}
 }

@@ -1,0 +1,129 @@
+package broker
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The job lifecycle: how a job moves between states when the scheduler,
+// the burst controller or an attempt's end moves it. The broker and the
+// simulator both change jobs only through these, so a job's path is one
+// set of rules wherever it runs.
+
+// Clone copies a job so that a change can be built, written and only then
+// swapped in. Slices a transition appends to are copied; Placements' inner
+// slices are never changed in place.
+func (j *Job) Clone() *Job {
+	c := *j
+	c.History = slices.Clone(j.History)
+	c.Placements = slices.Clone(j.Placements)
+	if j.Stop != nil {
+		st := *j.Stop
+		c.Stop = &st
+	}
+	if j.Pending != nil {
+		p := *j.Pending
+		c.Pending = &p
+	}
+	return &c
+}
+
+// WaitingSince is when a job last entered the queue. A job that was
+// preempted keeps its original wait, so once its checkpoint grace is over
+// it may resume on burst capacity at once instead of waiting for on-prem.
+func (j *Job) WaitingSince() time.Time {
+	for i := len(j.History) - 1; i >= 0; i-- {
+		if j.History[i].To == StatePending {
+			if j.History[i].From == StatePreempted {
+				return j.SubmittedAt
+			}
+			return j.History[i].At
+		}
+	}
+	return j.SubmittedAt
+}
+
+// LastQueued is when a job last entered the queue: the time the
+// scheduler's starvation guard counts from.
+func (j *Job) LastQueued() time.Time {
+	if n := len(j.History); n > 0 && j.History[n-1].To == StatePending {
+		return j.History[n-1].At
+	}
+	return j.SubmittedAt
+}
+
+// Start begins a new attempt on the placements the scheduler chose.
+func (j *Job) Start(ps []Placement, now time.Time) {
+	j.Attempt++
+	j.Placements = ps
+	j.Pending, j.Stop, j.ExitCode, j.Signal, j.NotBefore = nil, nil, nil, "", nil
+	j.Transit(now, StateStarting, "scheduled", DescribePlacements(ps))
+}
+
+// DescribePlacements is "on NODE GPUs 0,1; NODE GPUs 2".
+func DescribePlacements(ps []Placement) string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		idx := make([]string, len(p.GPUs))
+		for k, g := range p.GPUs {
+			idx[k] = fmt.Sprint(g)
+		}
+		parts[i] = fmt.Sprintf("%s GPUs %s", p.Node, strings.Join(idx, ","))
+	}
+	return "on " + strings.Join(parts, "; ")
+}
+
+// RequestStop asks a holding job to stop with its checkpoint signal and
+// grace; it reports false when the job is not holding cards or already
+// asked.
+func (j *Job) RequestStop(reason, detail, by string, now time.Time) bool {
+	if j.Stop != nil || !j.State.Holding() {
+		return false
+	}
+	j.Stop = &StopRequest{Reason: reason, Detail: detail, Signal: j.Spec.Checkpoint.Signal,
+		Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: by}
+	return true
+}
+
+// Bind moves a waiting job to provisioning on burst machine machine; it
+// reports false when the job is not waiting.
+func (j *Job) Bind(machine string, now time.Time, detail string) bool {
+	if j.State != StatePending {
+		return false
+	}
+	j.Machine = machine
+	j.Transit(now, StateProvisioning, "burst", detail)
+	return true
+}
+
+// Unbind returns a job waiting for a burst machine to the queue.
+func (j *Job) Unbind(now time.Time, why string) {
+	j.Machine = ""
+	j.Transit(now, StatePending, "burst_failed", why)
+}
+
+// Preempted ends an attempt that stopped for a preemption at ended: its
+// work is saved in its checkpoint, and it goes back to the queue unbound,
+// to resume on-prem or burst anew.
+func (j *Job) Preempted(ended time.Time, detail string) {
+	j.Transit(ended, StatePreempted, "preempted", detail)
+	t := ended
+	j.LastCheckpointAt = &t
+	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Transit(ended, StatePending, "requeued", "resumes from its checkpoint when placed again")
+}
+
+// Lose records that a job's attempt vanished with its node (or agent) at
+// lostAt, noticed now: back to the queue, unless the job must never be
+// restarted.
+func (j *Job) Lose(lostAt, now time.Time, reason, detail string) {
+	j.Transit(lostAt, StateLost, reason, detail)
+	if j.Spec.RestartPolicy == RestartNever && !j.Spec.Preemptible {
+		j.Transit(now, StateFailed, reason, "restartPolicy Never: not requeued")
+		return
+	}
+	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Transit(now, StatePending, "requeued", "back in the queue after "+reason)
+}
