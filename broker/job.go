@@ -71,6 +71,9 @@ type Placement struct {
 	// MemoryShare is the GPU memory in bytes the job may use on each card
 	// when it shares cards with other jobs; 0 means whole cards.
 	MemoryShare int64 `json:"memoryShare,omitempty"`
+	// Ended is set when this member of a gang has ended while other
+	// members still run (they are being stopped with their grace).
+	Ended *MemberEnd `json:"ended,omitempty"`
 }
 
 // StopRequest records why the broker asked a running job to stop. The agent
@@ -125,7 +128,12 @@ type Job struct {
 	// released (spillway job hold/release).
 	Hold *Hold `json:"hold,omitempty"`
 
-	Placements []Placement    `json:"placements,omitempty"`
+	Placements []Placement `json:"placements,omitempty"`
+	// GangPort is MASTER_PORT of the current attempt of a gang (0 for
+	// single-node jobs); AvoidPairs are node pairs a failed preflight
+	// found unfit to run this job together (broker/gang.go).
+	GangPort   int            `json:"gangPort,omitempty"`
+	AvoidPairs []NodePair     `json:"avoidPairs,omitempty"`
 	Stop       *StopRequest   `json:"stop,omitempty"`
 	ExitCode   *int           `json:"exitCode,omitempty"`
 	Signal     string         `json:"signal,omitempty"` // the signal that ended the last attempt

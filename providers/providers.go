@@ -134,6 +134,21 @@ type CreateRequest struct {
 	// SSHAuthorizedKey is the broker's public key in authorized_keys form;
 	// the machine lets it log in as the provider's SSH user.
 	SSHAuthorizedKey string `json:"sshAuthorizedKey"`
+	// Placement, when set, puts the machine in the provider's placement
+	// group of that name (EC2 placement group, strategy cluster; GCE
+	// compact placement resource policy), created on first use: the
+	// members of a gang share one. Names match PlacementPattern.
+	Placement string `json:"placement,omitempty"`
+}
+
+// PlacementPattern is what a placement group name looks like (valid as an
+// EC2 group name and a GCE resource name).
+var PlacementPattern = regexp.MustCompile(`^[a-z][a-z0-9-]{0,61}[a-z0-9]$`)
+
+// Placer is a provider with placement groups: DeletePlacement removes one
+// once its machines are gone (nil when it does not exist).
+type Placer interface {
+	DeletePlacement(ctx context.Context, name string) error
 }
 
 // TagKeyPattern is what a CreateRequest tag key looks like. It is the
@@ -146,6 +161,9 @@ var recordIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$`)
 func (r CreateRequest) Validate() error {
 	if !recordIDPattern.MatchString(r.RecordID) {
 		return fmt.Errorf("recordId %q: want 1-48 letters, digits, '-' or '_': %w", r.RecordID, ErrInvalidRequest)
+	}
+	if r.Placement != "" && !PlacementPattern.MatchString(r.Placement) {
+		return fmt.Errorf("placement %q: want 2-63 lower-case letters, digits or '-', starting with a letter: %w", r.Placement, ErrInvalidRequest)
 	}
 	if r.Offer.InstanceType == "" {
 		return fmt.Errorf("offer.instanceType: required: %w", ErrInvalidRequest)

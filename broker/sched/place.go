@@ -167,14 +167,20 @@ func (c *cycle) findGang(p *pjob, g, n int, end int64, withDrain bool) []int32 {
 			}
 			return int(a.i - b.i)
 		})
+		pick := cand[:n]
+		if len(p.j.AvoidPairs) > 0 {
+			if pick = c.avoidPairs(p, cand, n); pick == nil {
+				continue
+			}
+		}
 		left := 0
-		for _, nc := range cand[:n] {
+		for _, nc := range pick {
 			left += nc.capa - g
 		}
 		if bestGroup < 0 || left < bestLeft {
 			bestGroup, bestLeft = gi, left
 			chosen = chosen[:0]
-			for _, nc := range cand[:n] {
+			for _, nc := range pick {
 				chosen = append(chosen, nc.i)
 			}
 		}

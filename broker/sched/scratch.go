@@ -9,6 +9,7 @@ type scratch struct {
 	cards    []int32
 	gang     []int32
 	cand     []nodeCap
+	pick     []nodeCap
 	victims  []victim
 	releases []release
 	freeAt   []int32

@@ -109,7 +109,7 @@ func (s *Server) register(c echo.Context) error {
 	var jobs []*broker.Job
 	for _, j := range s.holdingOnLocked(n.Name) {
 		jj := cloneJob(j)
-		s.loseJob(jj, now, now, "agent_restarted", fmt.Sprintf("the agent on %s restarted (generation %d)", n.Name, n.Generation))
+		s.loseOnLocked(jj, n.Name, now, now, "agent_restarted", fmt.Sprintf("the agent on %s restarted (generation %d)", n.Name, n.Generation))
 		jobs = append(jobs, jj)
 	}
 	if err := s.commitLocked(ctx, jobs, []*broker.Node{n}, nil); err != nil {
@@ -146,7 +146,7 @@ func (s *Server) sync(c echo.Context) error {
 		s.mu.Unlock()
 		return err
 	}
-	if len(resp.Start) == 0 && len(resp.Stop) == 0 && req.Wait > 0 {
+	if len(resp.Start) == 0 && len(resp.Stop) == 0 && len(resp.Gang) == 0 && req.Wait > 0 {
 		wait := s.nodeWaitLocked(req.Node)
 		s.mu.Unlock()
 		timer := time.NewTimer(min(req.Wait, time.Minute))
@@ -164,6 +164,7 @@ func (s *Server) sync(c echo.Context) error {
 			return err // orders never come from a broker that stopped leading
 		}
 		resp.Start, resp.Stop = s.ordersLocked(req.Node, reportedSet(&req))
+		resp.Gang = s.gangOrdersLocked(req.Node)
 	}
 	s.mu.Unlock()
 	return c.JSON(http.StatusOK, resp)
@@ -245,6 +246,15 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		if jj := s.noteDataLocked(j, r, n.Name, req.Telemetry, now); jj != nil {
 			changed[j.ID], j = jj, jj
 		}
+		_, rank, _ := placedOn(j, n.Name)
+		if len(j.Placements) > 1 && r.State == agentapi.RunRunning {
+			s.noteGatedLocked(j, rank, r.Preflight)
+			if r.Preflight != nil {
+				if jj := s.notePreflightLocked(j, rank, r.Preflight, now); jj != nil {
+					changed[j.ID], j = jj, jj
+				}
+			}
+		}
 		switch r.State {
 		case agentapi.RunRunning:
 			if s.noteProgress(j, r) {
@@ -262,7 +272,11 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 			}
 		default:
 			jj := cloneJob(j)
-			s.endAttempt(jj, r, now)
+			if len(jj.Placements) > 1 {
+				s.gangMemberEndedLocked(jj, rank, r, now)
+			} else {
+				s.endAttempt(jj, r, now)
+			}
 			changed[j.ID] = jj
 			resp.Ack = append(resp.Ack, r.JobRef)
 		}
@@ -273,16 +287,24 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		if _, ok := reported[ref]; ok || changed[j.ID] != nil {
 			continue
 		}
+		p, rank, _ := placedOn(j, n.Name)
+		if p.Ended != nil {
+			continue // this gang member has ended; the others are stopping
+		}
 		switch {
 		case j.State == broker.StateStarting && j.Stop != nil:
 			// Never started, and will not be now.
 			jj := cloneJob(j)
-			s.endAttempt(jj, agentapi.JobReport{JobRef: ref, State: agentapi.RunFailedToStart, EndedAt: now,
-				Message: "stopped before it started"}, now)
+			rep := agentapi.JobReport{JobRef: ref, State: agentapi.RunFailedToStart, EndedAt: now, Message: "stopped before it started"}
+			if len(jj.Placements) > 1 {
+				s.gangMemberEndedLocked(jj, rank, rep, now)
+			} else {
+				s.endAttempt(jj, rep, now)
+			}
 			changed[j.ID] = jj
 		case j.State == broker.StateRunning:
 			jj := cloneJob(j)
-			s.loseJob(jj, now, now, "agent_forgot", fmt.Sprintf("the agent on %s no longer reports this attempt", n.Name))
+			s.loseOnLocked(jj, n.Name, now, now, "agent_forgot", fmt.Sprintf("the agent on %s no longer reports this attempt", n.Name))
 			changed[j.ID] = jj
 		}
 	}
@@ -336,6 +358,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		}
 	}
 	resp.Start, resp.Stop = s.ordersLocked(n.Name, reported)
+	resp.Gang = s.gangOrdersLocked(n.Name)
 	return resp, nil
 }
 
@@ -349,6 +372,9 @@ func (s *Server) ordersLocked(node string, reported map[agentapi.JobRef]agentapi
 	for _, j := range s.holdingOnLocked(node) {
 		ref := agentapi.JobRef{Job: j.ID, Attempt: j.Attempt}
 		ours[ref] = true
+		if p, _, _ := placedOn(j, node); p.Ended != nil {
+			continue // an ended gang member: nothing more to do here
+		}
 		_, isReported := reported[ref]
 		switch {
 		case j.Stop != nil:
@@ -402,6 +428,7 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 		Rank:        rank,
 	}
 	s.addRuntimeFields(j, &a)
+	s.addGangContract(j, rank, env, &a)
 	if len(j.Placements) > 1 {
 		a.Peers = j.Nodes()
 	}

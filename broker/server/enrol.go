@@ -308,7 +308,7 @@ func (s *Server) revokeNode(c echo.Context) error {
 		var jobs []*broker.Job
 		for _, j := range s.holdingOnLocked(name) {
 			jj := cloneJob(j)
-			s.loseJob(jj, now, now, "node_revoked", fmt.Sprintf("node %s's credential was revoked by %s", name, by))
+			s.loseOnLocked(jj, name, now, now, "node_revoked", fmt.Sprintf("node %s's credential was revoked by %s", name, by))
 			jobs = append(jobs, jj)
 		}
 		if err := s.commitLocked(c.Request().Context(), jobs, []*broker.Node{nn}, nil); err != nil {

@@ -655,7 +655,7 @@ func (s *Server) pendingVerdict(x *Explanation) ExplainVerdict {
 		return ExplainVerdict{VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.",
 			c.HeldGPUs, c.GPUs, need, pos, eta)}
 	case sched.ReasonGang:
-		return ExplainVerdict{VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta)}
+		return ExplainVerdict{VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.%s", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta, preflightNote(j))}
 	case sched.ReasonNoFit:
 		return ExplainVerdict{VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message)}
 	case burst.CodeBudget:

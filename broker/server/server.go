@@ -66,6 +66,9 @@ type Server struct {
 	// progress holds what starting attempts wait for, by job id
 	// ("pulling image 1.2/4.0 GB"); in memory only (runtime.go).
 	progress sync.Map
+	// barriers are the start barriers of gangs, by job id (gang.go);
+	// guarded by mu, rebuilt from the members' reports after a restart.
+	barriers map[string]*barrier
 
 	// cycleMu makes scheduling cycles one at a time (the core's buffers
 	// are reused between cycles).

@@ -234,6 +234,10 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		}
 		j := cloneJob(old)
 		j.Start(st.Placements, now)
+		j.GangPort = 0
+		if len(j.Placements) > 1 {
+			j.GangPort = s.gangPortLocked(j)
+		}
 		changed = append(changed, j)
 		for _, p := range st.Placements {
 			wake[p.Node] = true
@@ -313,6 +317,7 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 	ttl := s.cfg.Agents.LostTimeout()
 	var nodes []*broker.Node
 	var jobs []*broker.Job
+	byID := map[string]*broker.Job{}
 	for _, n := range s.nodes {
 		if n.State == broker.NodeLost {
 			continue
@@ -335,15 +340,19 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 			s.log.Warn("node lost", "node", n.Name, "last_seen", n.LastSeen, "ttl", ttl)
 		}
 		for _, j := range s.holdingOnLocked(n.Name) {
-			jj := cloneJob(j)
+			jj := byID[j.ID] // a gang may lose several members at once
+			if jj == nil {
+				jj = cloneJob(j)
+				byID[j.ID] = jj
+				jobs = append(jobs, jj)
+			}
 			// The job is lost as of the node's last heartbeat: that is
 			// also where its GPU-time stops being metered.
 			lostAt := n.LastSeen
 			if last := jj.History[len(jj.History)-1].At; lostAt.Before(last) {
 				lostAt = last
 			}
-			s.loseJob(jj, lostAt, now, "node_lost", fmt.Sprintf("node %s missed its heartbeats (last seen %s)", n.Name, n.LastSeen.UTC().Format(time.RFC3339)))
-			jobs = append(jobs, jj)
+			s.loseOnLocked(jj, n.Name, lostAt, now, "node_lost", fmt.Sprintf("node %s missed its heartbeats (last seen %s)", n.Name, n.LastSeen.UTC().Format(time.RFC3339)))
 		}
 	}
 	if len(nodes) == 0 {

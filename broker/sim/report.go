@@ -151,6 +151,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintln(w, "\nwait of jobs larger than one node (gangs):")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tjobs started\twait p50\tp95\tp99\t")
+	for _, res := range r.Results {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t\n", res.Policy, res.MultiNodeJobs,
+			human(res.WaitMultiNode.P50), human(res.WaitMultiNode.P95), human(res.WaitMultiNode.P99))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	fmt.Fprintln(w, "\nbudgets and burst machines:")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "policy\tboot GPU-h\tidle GPU-h\toverhead cost\tjobs on burst\tlaunch failures\tcapacity errors\tbudget-blocked jobs\tmonths within budget")

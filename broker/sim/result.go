@@ -65,7 +65,11 @@ type Result struct {
 	Wait           Stats            `json:"wait"`
 	WaitByPriority map[string]Stats `json:"waitByPriority"`
 	WaitByQueue    map[string]Stats `json:"waitByQueue"`
-	JCT            Stats            `json:"jct"`
+	// WaitMultiNode is Wait over the MultiNodeJobs larger than one node
+	// (gangs), reported apart: their waits differ in kind.
+	WaitMultiNode Stats `json:"waitMultiNode"`
+	MultiNodeJobs int   `json:"multiNodeJobs"`
+	JCT           Stats `json:"jct"`
 	// OnPremAllocation is the mean share of on-prem GPUs held by jobs
 	// between the first and the last arrival.
 	OnPremAllocation float64 `json:"onPremAllocation"`
@@ -217,7 +221,7 @@ func (e *engine) finish() *Result {
 	}
 	r.Jobs = len(e.jobs)
 	r.Currency = e.c.Currency
-	var waits, jcts []float64
+	var waits, jcts, multi []float64
 	byPrio, byQueue := map[string][]float64{}, map[string][]float64{}
 	for _, sj := range e.jobs {
 		switch {
@@ -233,6 +237,9 @@ func (e *engine) finish() *Result {
 		waits = append(waits, w)
 		byPrio[sj.t.Priority] = append(byPrio[sj.t.Priority], w)
 		byQueue[sj.t.Queue] = append(byQueue[sj.t.Queue], w)
+		if sj.j.Spec.Resources.Nodes > 1 {
+			multi = append(multi, w)
+		}
 		if sj.j.EndedAt != nil {
 			jcts = append(jcts, sj.j.EndedAt.Sub(sj.j.SubmittedAt).Seconds())
 		}
@@ -241,6 +248,7 @@ func (e *engine) finish() *Result {
 		}
 	}
 	r.Wait, r.JCT = statsOf(waits), statsOf(jcts)
+	r.WaitMultiNode, r.MultiNodeJobs = statsOf(multi), len(multi)
 	r.WaitByPriority, r.WaitByQueue = map[string]Stats{}, map[string]Stats{}
 	for k, v := range byPrio {
 		r.WaitByPriority[k] = statsOf(v)

@@ -58,12 +58,14 @@ type EC2 struct {
 	order     []string
 	tokens    map[string]string // client token → instance id
 	failNext  map[string]string // action → error code
+	groups    map[string]*placementGroup
 	calls     map[string]int
 	seq       int
 }
 
 type ec2Instance struct {
 	id, token, instanceType, zone string
+	group                         string // placement group, if any
 	spot                          bool
 	tags                          map[string]string
 	launched                      time.Time // when RunInstances ran
@@ -261,6 +263,10 @@ func (e *EC2) serve(w http.ResponseWriter, r *http.Request) {
 		e.terminateInstances(w, f)
 	case "GetConsoleOutput":
 		e.getConsoleOutput(w, f)
+	case "CreatePlacementGroup":
+		e.createPlacementGroup(w, f)
+	case "DeletePlacementGroup":
+		e.deletePlacementGroup(w, f)
 	default:
 		writeEC2Error(w, "InvalidAction", "the action "+action+" is not valid for this web service")
 	}
@@ -363,11 +369,17 @@ func (e *EC2) runInstances(w http.ResponseWriter, f url.Values) {
 	if zone == "" {
 		zone = e.opts.Region + "a"
 	}
+	group := f.Get("Placement.GroupName")
+	if code, msg := e.placementCheck(group, zone); code != "" {
+		m.stop()
+		writeEC2Error(w, code, msg)
+		return
+	}
 	e.seq++
 	in := &ec2Instance{
 		id: fmt.Sprintf("i-%017x", e.seq), token: token, instanceType: it, zone: zone,
 		spot: f.Get("InstanceMarketOptions.MarketType") == "spot", tags: tags,
-		launched: time.Now(), userData: userData, m: m,
+		launched: time.Now(), userData: userData, m: m, group: group,
 	}
 	e.instances[in.id] = in
 	e.order = append(e.order, in.id)
@@ -531,6 +543,7 @@ type xmlInst struct {
 	InstanceType      string   `xml:"instanceType"`
 	LaunchTime        string   `xml:"launchTime"`
 	AvailabilityZone  string   `xml:"placement>availabilityZone"`
+	GroupName         string   `xml:"placement>groupName,omitempty"`
 	PrivateIPAddress  string   `xml:"privateIpAddress"`
 	IPAddress         string   `xml:"ipAddress,omitempty"`
 	ClientToken       string   `xml:"clientToken,omitempty"`
@@ -543,7 +556,7 @@ func (e *EC2) toXML(in *ec2Instance) xmlInst {
 	x := xmlInst{
 		InstanceID: in.id, ImageID: "ami-fake", State: stateOf(state), InstanceType: in.instanceType,
 		LaunchTime: in.launched.UTC().Format("2006-01-02T15:04:05.000Z"), AvailabilityZone: in.zone,
-		PrivateIPAddress: in.m.ip, ClientToken: in.token,
+		PrivateIPAddress: in.m.ip, ClientToken: in.token, GroupName: in.group,
 	}
 	if state == "running" || state == "pending" {
 		x.IPAddress = in.m.ip

@@ -478,6 +478,7 @@ func (ag *Agent) apply(resp *agentapi.SyncResponse) {
 	if len(toStart) > 0 {
 		ag.saveRuns() // once for the whole batch of starts
 	}
+	ag.applyGang(resp.Gang)
 	for _, s := range toStop {
 		s.r.mu.Lock()
 		if s.r.stopReason == "" {

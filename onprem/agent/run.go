@@ -64,6 +64,8 @@ type run struct {
 	// under the agent's lock.
 	proc     runtime.Proc
 	progress string
+	// gate is a gang member's start barrier (nil for other jobs).
+	gate *gate
 	// done is closed when the process has exited and its output is copied
 	// (or the copy gave up waiting for stray writers).
 	done chan struct{}
@@ -76,6 +78,9 @@ func (r *run) report() agentapi.JobReport {
 		Signal: r.signal, Reason: r.reason, Message: r.message, LogSize: r.log.Size(), Progress: r.progress}
 	if r.data != nil {
 		rep.Data = r.data.reportLocked()
+	}
+	if r.gate != nil {
+		rep.Preflight = r.gate.report()
 	}
 	if r.state != agentapi.RunRunning {
 		rep.EndedAt = r.ended
@@ -186,7 +191,12 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	if a.Data != nil {
 		ag.prepareStaging(r, job)
 	}
-	if ag.rt.Kind() != runtime.KindOCI && a.Data == nil {
+	if a.Gang != nil {
+		r.gate = newGate(a)
+		job.Barrier = func(image string) error { return ag.barrier(r, r.gate, image) }
+		r.progress = "staging before the gang's start barrier"
+	}
+	if ag.rt.Kind() != runtime.KindOCI && a.Data == nil && a.Gang == nil {
 		if e := ag.launch(r, job); e != nil {
 			return fail(e)
 		}
@@ -194,7 +204,7 @@ func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	}
 	// Until the container runs (its image pulled) or the process starts
 	// (its data staged) the broker keeps the job starting.
-	if a.Data == nil {
+	if a.Data == nil && a.Gang == nil {
 		r.progress = "preparing the container"
 	}
 	go func() {
@@ -320,9 +330,13 @@ func (ag *Agent) stopRun(r *run, sig string, grace time.Duration, reason string)
 	pgid := r.pgid
 	r.mu.Unlock()
 	if pgid == 0 {
-		// Still staging: no process yet; end the staging instead.
+		// Still staging or at the gang's barrier: no process yet; end
+		// the staging and the wait instead.
 		if r.data != nil {
 			r.data.cancel()
+		}
+		if r.gate != nil {
+			r.gate.cancel()
 		}
 		return
 	}

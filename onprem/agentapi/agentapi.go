@@ -75,6 +75,8 @@ type JobReport struct {
 	LogSize int64 `json:"logSize"`
 	// Data is the attempt's staging: inputs, checkpoint, outputs.
 	Data *DataReport `json:"data,omitempty"`
+	// Preflight is a gang member's report from the start barrier.
+	Preflight *Preflight `json:"preflight,omitempty"`
 	// ReadBytes is what the job's processes have read from storage so far
 	// (/proc/PID/io read_bytes, summed over its process group).
 	ReadBytes int64 `json:"readBytes,omitempty"`
@@ -143,6 +145,9 @@ type Assignment struct {
 	// Gang describes a multi-node job: this node's rank and all peers.
 	Rank  int      `json:"rank,omitempty"`
 	Peers []string `json:"peers,omitempty"`
+	// Gang is set for a member of a multi-node job: the agent holds the
+	// command at the start barrier until the broker releases it.
+	Gang *Gang `json:"gang,omitempty"`
 	// Data is what the agent stages around the attempt.
 	Data *Data `json:"data,omitempty"`
 	// Runtime fields: the user the node maps to a uid, the image (oci
@@ -257,6 +262,8 @@ type StopOrder struct {
 type SyncResponse struct {
 	Start []Assignment `json:"start,omitempty"`
 	Stop  []StopOrder  `json:"stop,omitempty"`
+	// Gang are orders for gang members held at the start barrier.
+	Gang []GangOrder `json:"gang,omitempty"`
 	// Ack lists ended attempts the broker has recorded; the agent may
 	// forget them.
 	Ack []JobRef `json:"ack,omitempty"`

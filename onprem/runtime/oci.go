@@ -142,6 +142,11 @@ func (r *ociRuntime) Start(ctx context.Context, j *Job) (Proc, *Exit) {
 	if err != nil {
 		return nil, prepareFailure(err)
 	}
+	if j.Barrier != nil {
+		if e := passBarrier(j, r.imageID(ctx, j.Image)); e != nil {
+			return nil, e
+		}
+	}
 	// Every attempt gets its own cgroup, with or without a limit, so
 	// that an OOM kill is told apart and nothing escapes the kill.
 	limit := j.Memory

@@ -42,6 +42,9 @@ func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
 	if err != nil {
 		return nil, prepareFailure(err)
 	}
+	if e := passBarrier(j, ""); e != nil {
+		return nil, e
+	}
 	cg, err := p.memoryGroup(j)
 	if err != nil {
 		return nil, startFailure(ReasonRuntimeError, "memory limit: %v", err)

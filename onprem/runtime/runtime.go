@@ -123,6 +123,11 @@ type Job struct {
 	GPUs []string
 	// HostNetwork puts the job in the node's network namespace (gangs).
 	HostNetwork bool
+	// Barrier, when set, is called once the attempt is ready to run (image
+	// present, directory prepared and staged) and before its command runs;
+	// image is the image's id (oci) or "". An error ends the start: a
+	// gang member waits here for the others (the start barrier).
+	Barrier func(image string) error
 	// Output receives stdout and stderr.
 	Output io.Writer
 	// Progress, when set, hears about slow steps before the start

@@ -42,6 +42,8 @@ type API interface {
 	DescribeInstances(ctx context.Context, in *ec2.DescribeInstancesInput, optFns ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
 	TerminateInstances(ctx context.Context, in *ec2.TerminateInstancesInput, optFns ...func(*ec2.Options)) (*ec2.TerminateInstancesOutput, error)
 	GetConsoleOutput(ctx context.Context, in *ec2.GetConsoleOutputInput, optFns ...func(*ec2.Options)) (*ec2.GetConsoleOutputOutput, error)
+	CreatePlacementGroup(ctx context.Context, in *ec2.CreatePlacementGroupInput, optFns ...func(*ec2.Options)) (*ec2.CreatePlacementGroupOutput, error)
+	DeletePlacementGroup(ctx context.Context, in *ec2.DeletePlacementGroupInput, optFns ...func(*ec2.Options)) (*ec2.DeletePlacementGroupOutput, error)
 }
 
 // Config is one EC2 provider under the broker config's `providers:` key.
@@ -224,6 +226,15 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) (*pr
 	}
 	if offer.Zone != "" {
 		in.Placement = &types.Placement{AvailabilityZone: awssdk.String(offer.Zone)}
+	}
+	if req.Placement != "" {
+		if err := p.ensurePlacementGroup(ctx, req.Placement); err != nil {
+			return nil, err
+		}
+		if in.Placement == nil {
+			in.Placement = &types.Placement{}
+		}
+		in.Placement.GroupName = awssdk.String(req.Placement)
 	}
 	if s := p.cfg.SubnetIDs[offer.Zone]; s != "" {
 		in.SubnetId = awssdk.String(s)

@@ -67,6 +67,8 @@ type Options struct {
 	//	               reports them on card <index> once and removes the file
 	//	stuck-<index>  holds a size like "4Gi"; card <index> shows that much
 	//	               memory used by no process for as long as the file exists
+	//	driver         holds a driver version that Inventory reports from
+	//	               then on (a driver upgraded under a running agent)
 	//
 	// Write the files atomically (write elsewhere, then rename). The
 	// directory is created when missing.
@@ -159,6 +161,11 @@ func (b *Backend) Inventory() (gpu.Inventory, error) {
 	inv.Topology = make([][]gpu.Link, len(b.inv.Topology))
 	for i, row := range b.inv.Topology {
 		inv.Topology[i] = slices.Clone(row)
+	}
+	if b.opts.ControlDir != "" {
+		if raw, err := os.ReadFile(filepath.Join(b.opts.ControlDir, "driver")); err == nil && len(bytes.TrimSpace(raw)) > 0 {
+			inv.DriverVersion = string(bytes.TrimSpace(raw))
+		}
 	}
 	return inv, nil
 }
