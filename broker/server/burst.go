@@ -23,6 +23,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/aws"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
@@ -415,6 +416,7 @@ func (s *Server) burstInputLocked(ctx context.Context, now time.Time) (*burst.In
 			in.Offers = append(in.Offers, s.burst.offers[name]...)
 		}
 	}
+	in.CoolDowns = s.coolDownsLocked(now)
 	month := now.In(s.billingZone()).Format("2006-01")
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		budgets, err := broker.ListBudgets(tx)
@@ -439,7 +441,7 @@ func (s *Server) burstInputLocked(ctx context.Context, now time.Time) (*burst.In
 func waitingSince(j *broker.Job) time.Time {
 	for i := len(j.History) - 1; i >= 0; i-- {
 		if j.History[i].To == broker.StatePending {
-			if j.History[i].From == broker.StatePreempted {
+			if j.History[i].From == broker.StatePreempted || j.History[i].Reason == agentapi.ReasonSpotReclaim {
 				return j.SubmittedAt
 			}
 			return j.History[i].At
@@ -790,6 +792,7 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 			})
 			return err
 		case providers.IsNextOffer(err):
+			s.noteCapacityError(rec.Offer, err)
 			next, ok := s.nextOffer(ctx, rec.ID, err)
 			if !ok {
 				return &errStep{"create", fmt.Errorf("no offer could be had: %w", err)}
@@ -942,7 +945,7 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		DataDir: machineDir(s.cfg.Burst.AgentDataDir, rec.ID), Data: s.cfg.Burst.AgentData,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType},
-		Runtime: s.burstRuntime(rec.Provider)}
+		Runtime: s.burstRuntime(rec.Provider), Notice: s.noticeWatch(rec)}
 	registered := func(ctx context.Context) error { return s.waitRegistered(ctx, rec.ID, started) }
 	tr, err := s.burst.bootstrap(ctx, rec, prov, agent, registered)
 	var raw json.RawMessage
@@ -963,6 +966,9 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		r.Bootstrap = raw
 		t := now
 		r.ReadyAt = &t
+		if r.Reclaim != nil { // reclaimed while bootstrapping: it stays draining
+			return nil, nil
+		}
 		r.Transit(now, string(burst.Ready), "registered", fmt.Sprintf("agent registered after %s", broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second))))
 		s.metrics.burstLead.WithLabelValues(r.Provider).Observe(now.Sub(r.CreatedAt).Seconds())
 		return nil, nil
@@ -1093,9 +1099,7 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 // removed and anything still bound to it requeued.
 func (s *Server) closeRecord(ctx context.Context, id, reason, detail string, end time.Time) {
 	_, err := s.update(ctx, id, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-		if end.IsZero() {
-			end = now
-		}
+		end = reclaimEnd(r, end, now)
 		t := end
 		r.TerminatedAt = &t
 		final := burst.Terminated

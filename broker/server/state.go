@@ -435,6 +435,8 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		// Back in the queue unbound: it may resume on-prem or burst anew.
 		j.Placements, j.Stop, j.Machine = nil, nil, ""
 		j.Transit(ended, broker.StatePending, "requeued", "resumes from its checkpoint when placed again")
+	case stop != nil && stop.Reason == agentapi.ReasonSpotReclaim:
+		s.endReclaimed(j, r, ended, exit)
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
 		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
 	case stop != nil:

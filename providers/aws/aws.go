@@ -75,6 +75,10 @@ type Config struct {
 	Currency string `json:"currency,omitempty"`
 	// InstanceTypes are what this provider offers.
 	InstanceTypes []InstanceType `json:"instanceTypes"`
+	// MetadataEndpoint is the instance metadata server the agent on a
+	// spot machine reads interruption notices from; default
+	// http://169.254.169.254 (set it for a proxy, or a mock in tests).
+	MetadataEndpoint string `json:"metadataEndpoint,omitempty"`
 }
 
 // InstanceType is one EC2 instance type on offer, with its prices.
