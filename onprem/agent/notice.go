@@ -53,9 +53,11 @@ type noticeState struct {
 	ending bool
 	// unreachable counts consecutive failed reads (for the warning).
 	unreachable int
-	// every is the EC2 poll interval (5 s; tests shorten it).
-	every time.Duration
 }
+
+// ec2NoticeEvery is how often IMDS is polled: AWS suggests every five
+// seconds for a notice that comes two minutes ahead (tests shorten it).
+var ec2NoticeEvery = 5 * time.Second
 
 // Notices returns the notices read so far.
 func (ag *Agent) Notices() []agentapi.Notice {
@@ -120,10 +122,7 @@ func (ag *Agent) readOK(endpoint string) {
 
 // watchEC2 polls IMDSv2.
 func (ag *Agent) watchEC2(ctx context.Context, c *http.Client, base string) {
-	every := ag.notice.every
-	if every <= 0 {
-		every = 5 * time.Second
-	}
+	every := ec2NoticeEvery
 	var token string
 	var tokenAt time.Time
 	for ctx.Err() == nil {
