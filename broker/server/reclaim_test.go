@@ -91,3 +91,32 @@ func TestSpotReclaimRequeuesAndReplaces(t *testing.T) {
 		t.Fatalf("job's lines overlap: on the reclaimed machine until %v, on the replacement from %v", firstEnd, secondStart)
 	}
 }
+
+// TestSpotNoticeDuringBootstrap: the machine's agent reads the notice
+// before the job ever started there. Nothing starts on it; the job goes
+// out again, keeping its wait, and runs once, on the replacement.
+func TestSpotNoticeDuringBootstrap(t *testing.T) {
+	r := newBurstRig(t)
+	r.fill()
+	now := r.clock.Now()
+	r.bootNotices = []agentapi.Notice{{Kind: agentapi.NoticeSpotInterruption, Action: "terminate", ReclaimAt: now.Add(10 * time.Minute), SeenAt: now}}
+	j := r.submit(tokAlice, `{"resources": {"gpus": 8}, "timeout": "2h", "preemptible": true, "command": ["train"]}`)
+	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })
+	jj := r.job(j.ID)
+	if jj.Attempt != 1 {
+		t.Fatalf("attempt %d: the job started more than once", jj.Attempt)
+	}
+	var reclaimed []broker.InstanceRecord
+	for _, rec := range r.records() {
+		if rec.Reclaim != nil {
+			reclaimed = append(reclaimed, rec)
+		}
+	}
+	if len(reclaimed) != 1 || reclaimed[0].ID == jj.Placements[0].Node || reclaimed[0].State == string(burst.Ready) {
+		t.Fatalf("reclaimed machines %+v; the job runs on %s", reclaimed, jj.Placements[0].Node)
+	}
+	if o := r.rec(jj.Placements[0].Node).Offer; o.Spot {
+		t.Fatalf("replacement %s is the spot offer that is cooling down", o.Key())
+	}
+	r.until("reclaimed machine ended", 300, func() bool { return burst.MachineState(r.rec(reclaimed[0].ID).State).Ended() })
+}
