@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
+	"github.com/spillway-dev/spillway/providers"
 )
 
 // TestSpotReclaimRequeuesAndReplaces: a preemptible job runs on a spot
@@ -119,4 +121,34 @@ func TestSpotNoticeDuringBootstrap(t *testing.T) {
 		t.Fatalf("replacement %s is the spot offer that is cooling down", o.Key())
 	}
 	r.until("reclaimed machine ended", 300, func() bool { return burst.MachineState(r.rec(reclaimed[0].ID).State).Ended() })
+}
+
+// TestOffersShowCoolDown: after the provider refuses an offer for
+// capacity, GET /v1/offers shows it skipped (cooling down, with the
+// error) and the decision launched the next one.
+func TestOffersShowCoolDown(t *testing.T) {
+	r := newBurstRig(t)
+	r.fill()
+	r.cloud.NextCreateErr = providers.NewError(providers.ErrInsufficientCapacity, "cloud", "create", "InsufficientInstanceCapacity", nil)
+	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
+	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })
+	var got struct {
+		Offers []OfferView `json:"offers"`
+	}
+	if code := r.do("GET", "/v1/offers", tokAlice, nil, &got); code != http.StatusOK {
+		t.Fatalf("GET /v1/offers: %d", code)
+	}
+	skipped := map[string]string{}
+	for _, o := range got.Offers {
+		skipped[o.InstanceType] = o.Skip
+		if o.Skip != "" && !strings.Contains(o.SkipDetail, "the provider refused it") {
+			t.Errorf("%s skipped: %s", o.InstanceType, o.SkipDetail)
+		}
+	}
+	if len(got.Offers) != len(testOffers) || skipped["small"] != burst.SkipCoolingDown || skipped["small-b"] != "" {
+		t.Fatalf("offers %+v, want small cooling down and the rest usable", got.Offers)
+	}
+	if o := r.rec(r.job(j.ID).Placements[0].Node).Offer; o.InstanceType != "small-b" {
+		t.Fatalf("launched %s, want the fallback small-b", o.InstanceType)
+	}
 }
