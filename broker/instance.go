@@ -56,6 +56,11 @@ type InstanceRecord struct {
 	// History is every state change with its time and reason.
 	History []Transition `json:"history"`
 
+	// Reclaim is the provider's interruption notice for the machine (spot
+	// reclaim, GCE preemption), once its agent read one: the machine is
+	// ending, and the ledger closes it no later than Reclaim.At.
+	Reclaim *Reclaim `json:"reclaim,omitempty"`
+
 	// SlurmNode is the Slurm node the machine is (spillway slurm resume);
 	// empty for the burst controller's own machines. Slurm, not the
 	// burst decision, ends such a machine (spillway slurm suspend).
@@ -162,4 +167,15 @@ func InstanceByToken(tx Tx, sha string) (*InstanceRecord, error) {
 		return nil, ErrNotFound
 	}
 	return r, err
+}
+
+// Reclaim is a provider's notice that it takes a burst machine back.
+type Reclaim struct {
+	// Kind is the agent's notice kind (spot_interruption, preempted).
+	Kind   string `json:"kind"`
+	Action string `json:"action,omitempty"`
+	// At is when the provider takes the machine; SeenAt when the agent
+	// read the notice.
+	At     time.Time `json:"at"`
+	SeenAt time.Time `json:"seenAt"`
 }

@@ -36,7 +36,7 @@ func (j *Job) Clone() *Job {
 func (j *Job) WaitingSince() time.Time {
 	for i := len(j.History) - 1; i >= 0; i-- {
 		if j.History[i].To == StatePending {
-			if j.History[i].From == StatePreempted {
+			if j.History[i].From == StatePreempted || j.History[i].Reason == ReasonSpotReclaim {
 				return j.SubmittedAt
 			}
 			return j.History[i].At
@@ -127,3 +127,8 @@ func (j *Job) Lose(lostAt, now time.Time, reason, detail string) {
 	j.Placements, j.Stop, j.Machine = nil, nil, ""
 	j.Transit(now, StatePending, "requeued", "back in the queue after "+reason)
 }
+
+// ReasonSpotReclaim is the stop reason of an attempt stopped because its
+// burst machine is being reclaimed by the provider (agentapi uses the
+// same word on the wire). Such a job keeps its original wait.
+const ReasonSpotReclaim = "spot_reclaim"

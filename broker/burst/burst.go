@@ -146,8 +146,10 @@ type Input struct {
 	OnPremAllocated int       `json:"onPremAllocated"`
 	Pending         []Job     `json:"pending"`
 	Machines        []Machine `json:"machines"`
-	// Offers from every provider; unavailable ones are skipped.
-	Offers []providers.Offer `json:"offers"`
+	// Offers from every provider; unavailable ones are skipped, and so
+	// are those cooling down (CoolDowns, by Offer.Key; offers.go).
+	Offers    []providers.Offer   `json:"offers"`
+	CoolDowns map[string]CoolDown `json:"coolDowns,omitempty"`
 	// Budgets by scope (broker.GlobalScope and team names); a team with
 	// no entry has no limit; without a global entry nothing bursts.
 	Budgets  map[string]Budget `json:"budgets"`
@@ -239,13 +241,7 @@ func Decide(in *Input) Decision {
 		stopping[s.Machine] = true
 	}
 
-	offers := make([]providers.Offer, 0, len(in.Offers))
-	for _, o := range in.Offers {
-		if o.Available && o.GPUs > 0 {
-			offers = append(offers, o)
-		}
-	}
-	providers.SortOffers(offers)
+	offers := usableOffers(in)
 	budgets := map[string]Budget{}
 	for k, v := range in.Budgets {
 		budgets[k] = v

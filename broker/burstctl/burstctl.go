@@ -412,6 +412,9 @@ func (c *Controller) Ready(ctx context.Context, id string, now time.Time) error 
 	rr := r.Clone()
 	t := now
 	rr.ReadyAt = &t
+	if rr.Reclaim != nil { // reclaimed while bootstrapping: it stays draining
+		return c.Fleet.Commit(ctx, &Step{Records: []*broker.InstanceRecord{rr}})
+	}
 	rr.Transit(now, broker.MachineReady, "registered", fmt.Sprintf("agent registered after %s", broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second))))
 	return c.Fleet.Commit(ctx, &Step{Records: []*broker.InstanceRecord{rr}})
 }
@@ -451,6 +454,9 @@ func (c *Controller) Close(ctx context.Context, id string, now, end time.Time, r
 	}
 	if end.IsZero() {
 		end = now
+	}
+	if r.Reclaim != nil && r.Reclaim.At.Before(end) { // the provider took it back then
+		end = r.Reclaim.At
 	}
 	rr := r.Clone()
 	t := end

@@ -338,6 +338,18 @@ func (c *Client) Instances(ctx context.Context) ([]server.InstanceView, error) {
 	return out.Instances, nil
 }
 
+// Offers lists the burst offers as the controller sees them, with the
+// reason any is skipped.
+func (c *Client) Offers(ctx context.Context) ([]server.OfferView, error) {
+	var out struct {
+		Offers []server.OfferView `json:"offers"`
+	}
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/offers", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Offers, nil
+}
+
 // Instance describes one burst machine.
 func (c *Client) Instance(ctx context.Context, id string) (*server.InstanceView, error) {
 	var out server.InstanceView

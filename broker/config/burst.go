@@ -76,6 +76,10 @@ type Burst struct {
 	// may live before it is deleted.
 	ReconcileEvery broker.Duration `json:"reconcileEvery,omitempty"`
 	OrphanGrace    broker.Duration `json:"orphanGrace,omitempty"`
+	// OfferCoolDown keeps an offer out of burst decisions this long after
+	// the provider refused it (capacity, quota) or reclaimed a spot
+	// machine of it; default 15m.
+	OfferCoolDown broker.Duration `json:"offerCoolDown,omitempty"`
 	// AlertWebhook, when set, receives a JSON POST when a budget crosses
 	// 80% and 100%.
 	AlertWebhook string `json:"alertWebhook,omitempty"`
@@ -121,6 +125,7 @@ func (c *Config) burstDefaults() {
 	b.AgentDataDir = cmp.Or(b.AgentDataDir, "/var/lib/spillway")
 	b.ReconcileEvery = cmp.Or(b.ReconcileEvery, broker.Duration(time.Minute))
 	b.OrphanGrace = cmp.Or(b.OrphanGrace, broker.Duration(2*time.Minute))
+	b.OfferCoolDown = cmp.Or(b.OfferCoolDown, broker.Duration(15*time.Minute))
 	// Providers tag machines with the cluster's name unless told otherwise.
 	for _, p := range c.Providers {
 		switch {

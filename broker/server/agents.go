@@ -191,6 +191,9 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 			"generation %d is not the node's current %d; register again", req.Generation, old.Generation)
 	}
 	now := s.clock.Now()
+	if err := s.noteNoticesLocked(ctx, req.Node, req.Notices, now); err != nil {
+		return nil, err
+	}
 	n := cloneNode(old)
 	n.LastSeen = now
 	nodeChanged := now.Sub(old.LastSeen) >= lastSeenPersistEvery

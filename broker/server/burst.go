@@ -321,6 +321,7 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 		return nil // a standby, or the store is unreachable (leader.go)
 	}
 	in := ctl.Input(now, s.burst.active, budgets)
+	in.CoolDowns = s.coolDownsLocked(now)
 	s.checkBudgetAlertsLocked(in)
 	d := burst.Decide(in)
 	err = ctl.Apply(ctx, now, &d)
@@ -349,6 +350,7 @@ func (s *Server) PlanBurst(ctx context.Context) (burst.Decision, *burst.Input, e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in := ctl.Input(now, s.burst.active, budgets)
+	in.CoolDowns = s.coolDownsLocked(now)
 	return burst.Decide(in), in, nil
 }
 
@@ -514,6 +516,7 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 				return c.Launched(ctx, rec.ID, now, *inst)
 			})
 		case providers.IsNextOffer(err):
+			s.noteCapacityError(rec.Offer, err)
 			var next providers.Offer
 			ok := false
 			cause := err
@@ -617,7 +620,7 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		DataDir: machineDir(s.cfg.Burst.AgentDataDir, rec.ID), Data: s.cfg.Burst.AgentData,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType},
-		Runtime: s.burstRuntime(rec.Provider)}
+		Runtime: s.burstRuntime(rec.Provider), Notice: s.noticeWatch(rec)}
 	registered := func(ctx context.Context) error { return s.waitRegistered(ctx, rec.ID, started) }
 	tr, err := s.burst.bootstrap(ctx, rec, prov, agent, registered)
 	var raw json.RawMessage

@@ -55,6 +55,9 @@ type burstRig struct {
 	boots    int
 	// lastCA is the broker CA the last bootstrap handed the machine.
 	lastCA string
+	// bootNotices are the provider notices the next machine's agent
+	// reports from its first heartbeat (reclaim_test.go).
+	bootNotices []agentapi.Notice
 }
 
 func newBurstRig(t *testing.T) *burstRig {
@@ -110,6 +113,9 @@ func (r *burstRig) bootstrap(ctx context.Context, rec *broker.InstanceRecord, pr
 		return tr, fail
 	}
 	a := &fakeAgent{h: r.harness, name: agent.Name, jobs: map[agentapi.JobRef]*agentapi.JobReport{}, gpus: rec.Offer.GPUs, token: agent.Token}
+	r.mu.Lock()
+	a.notices, r.bootNotices = r.bootNotices, nil
+	r.mu.Unlock()
 	if err := a.tryRegister(rec.Offer.GPUs); err != nil {
 		return tr, err
 	}

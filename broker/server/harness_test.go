@@ -178,6 +178,8 @@ type fakeAgent struct {
 	token string
 	// stale, when set, says whether this agent has been replaced.
 	stale func() bool
+	// notices are the provider notices it reports (a burst machine).
+	notices []agentapi.Notice
 }
 
 func simInventory(name string, n int) gpu.Inventory {
@@ -223,6 +225,7 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 	for _, r := range a.jobs {
 		req.Jobs = append(req.Jobs, *r)
 	}
+	req.Notices = a.notices
 	var resp agentapi.SyncResponse
 	tok := tokAgent
 	if a.token != "" {

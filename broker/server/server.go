@@ -101,6 +101,8 @@ type Server struct {
 	quiet map[string]time.Time
 	meter meterState
 	burst burstState
+	// reclaim holds the offers' cool-downs and refreshed prices (reclaim.go, offers.go).
+	reclaim reclaimState
 	// slurm is the broker as Slurm's burst provider (slurm.go).
 	slurm slurmState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.

@@ -402,6 +402,8 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		j.Transit(ended, broker.StateCancelled, "cancelled", joinDetail(stop.Detail, exit))
 	case stop != nil && stop.Reason == "preempted":
 		j.Preempted(ended, joinDetail(stop.Detail, exit))
+	case stop != nil && stop.Reason == agentapi.ReasonSpotReclaim:
+		s.endReclaimed(j, r, ended, exit)
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
 		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
 	case stop != nil:

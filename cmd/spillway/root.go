@@ -87,7 +87,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 
 	root.AddCommand(
 		serverCmd(g), agentCmd(g), devCmd(g),
-		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), queueCmd(g), topCmd(g), billCmd(g), instancesCmd(g), burstCmd(g), budgetCmd(g), simCmd(g),
+		submitCmd(g), runCmd(g), jobsCmd(g), statusCmd(g), cancelCmd(g), logsCmd(g), nodesCmd(g), queueCmd(g), topCmd(g), billCmd(g), instancesCmd(g), offersCmd(g), burstCmd(g), budgetCmd(g), simCmd(g),
 		versionCmd(g), storeCmd(g), slurmCmd(g),
 	)
 	// spillway node: the operator's controls (control.go) and enrolment

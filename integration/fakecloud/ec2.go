@@ -40,6 +40,16 @@ type EC2Options struct {
 	// BootTime is how long an instance stays pending (and prints nothing
 	// on its console); ShutdownTime how long it stays shutting-down.
 	BootTime, ShutdownTime time.Duration
+	// SpotPrices are what DescribeSpotPriceHistory answers, newest last.
+	SpotPrices []SpotPrice
+}
+
+// SpotPrice is one entry of the spot price history.
+type SpotPrice struct {
+	InstanceType, Zone string
+	// Price per hour, as EC2 writes it ("12.345600").
+	Price string
+	At    time.Time
 }
 
 // EC2 is a fake EC2 Query API (form-encoded POST, XML answers) for the
@@ -267,6 +277,8 @@ func (e *EC2) serve(w http.ResponseWriter, r *http.Request) {
 		e.createPlacementGroup(w, f)
 	case "DeletePlacementGroup":
 		e.deletePlacementGroup(w, f)
+	case "DescribeSpotPriceHistory":
+		e.describeSpotPriceHistory(w, f)
 	default:
 		writeEC2Error(w, "InvalidAction", "the action "+action+" is not valid for this web service")
 	}
@@ -589,4 +601,35 @@ func writeXML(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
 	_, _ = w.Write([]byte(xml.Header))
 	_ = xml.NewEncoder(w).Encode(v)
+}
+
+// describeSpotPriceHistory answers with the configured history of the
+// requested instance types (InstanceType.N) and product (Linux/UNIX).
+func (e *EC2) describeSpotPriceHistory(w http.ResponseWriter, f url.Values) {
+	want := map[string]bool{}
+	for _, v := range sortedValues(indexed(f, "InstanceType")) {
+		want[v.Get("")] = true
+	}
+	type item struct {
+		InstanceType       string `xml:"instanceType"`
+		ProductDescription string `xml:"productDescription"`
+		SpotPrice          string `xml:"spotPrice"`
+		Timestamp          string `xml:"timestamp"`
+		AvailabilityZone   string `xml:"availabilityZone"`
+	}
+	var resp struct {
+		XMLName   xml.Name `xml:"DescribeSpotPriceHistoryResponse"`
+		Xmlns     string   `xml:"xmlns,attr"`
+		RequestID string   `xml:"requestId"`
+		Items     []item   `xml:"spotPriceHistorySet>item"`
+	}
+	resp.Xmlns, resp.RequestID = "http://ec2.amazonaws.com/doc/2016-11-15/", "fake-request"
+	for _, p := range e.opts.SpotPrices {
+		if len(want) == 0 || want[p.InstanceType] {
+			resp.Items = append(resp.Items, item{InstanceType: p.InstanceType, ProductDescription: "Linux/UNIX",
+				SpotPrice: p.Price, Timestamp: p.At.UTC().Format(time.RFC3339), AvailabilityZone: p.Zone})
+		}
+	}
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	_ = xml.NewEncoder(w).Encode(resp)
 }

@@ -64,6 +64,9 @@ type Config struct {
 	// Runtime chooses and configures how jobs run (process or oci) and
 	// as which uids (docs/agent.md, "Runtimes").
 	Runtime jobrt.Config `json:"runtime,omitempty"`
+	// Notice is whose interruption notices a burst machine watches
+	// (notice.go); the bootstrap sets it.
+	Notice *agentapi.NoticeWatch `json:"notice,omitempty"`
 }
 
 // maxLogPerSync bounds the log bytes sent in one heartbeat.
@@ -99,6 +102,8 @@ type Agent struct {
 	stagerErr  error
 	// stagerReady is set once stager may be read without stagerOnce.
 	stagerReady atomic.Bool
+	// notice is what the provider's interruption notices said (notice.go).
+	notice noticeState
 }
 
 // New makes an agent over a GPU backend.
@@ -161,6 +166,7 @@ func (ag *Agent) wake() {
 func (ag *Agent) Run(ctx context.Context) error {
 	ag.killLeftovers()
 	ag.removeLeftoverContainers(ctx)
+	go ag.watchNotices(ctx)
 	ag.prePull(ctx)
 	defer ag.shutdown()
 	backoff := 250 * time.Millisecond
@@ -388,6 +394,7 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 	}
 	req.Leaks, ag.leaks = ag.leaks, nil
 	req.Cache = ag.cacheStats()
+	req.Notices = ag.Notices()
 	return req
 }
 
@@ -440,8 +447,9 @@ func (ag *Agent) apply(resp *agentapi.SyncResponse) {
 		}
 	}
 	var toStart []agentapi.Assignment
+	ending := ag.endingNow() // the machine is being reclaimed: start nothing
 	for _, a := range resp.Start {
-		if _, ok := ag.runs[a.JobRef]; !ok {
+		if _, ok := ag.runs[a.JobRef]; !ok && !ending {
 			toStart = append(toStart, a)
 		}
 	}

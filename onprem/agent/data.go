@@ -225,16 +225,16 @@ func (ag *Agent) syncEvery(r *run, workdir string) {
 		case <-r.done:
 			return
 		case <-t.C:
-			ag.syncCheckpoint(r, workdir)
+			_ = ag.syncCheckpoint(r, workdir) // logged; the next interval tries again
 		}
 	}
 }
 
-func (ag *Agent) syncCheckpoint(r *run, workdir string) {
+func (ag *Agent) syncCheckpoint(r *run, workdir string) error {
 	c := r.a.Data.Checkpoint
 	st, err := ag.stagerOrErr()
 	if err != nil {
-		return
+		return err
 	}
 	r.data.ckMu.Lock()
 	defer r.data.ckMu.Unlock()
@@ -242,7 +242,7 @@ func (ag *Agent) syncCheckpoint(r *run, workdir string) {
 		staging.CheckpointMeta{Job: r.a.Job, Attempt: r.a.Attempt})
 	if err != nil {
 		ag.log.Warn("checkpoint upload failed", "job", r.a.Job, "attempt", r.a.Attempt, "to", c.To, "err", err)
-		return
+		return err
 	}
 	if m != nil {
 		r.mu.Lock()
@@ -250,6 +250,7 @@ func (ag *Agent) syncCheckpoint(r *run, workdir string) {
 		r.mu.Unlock()
 		ag.log.Info("checkpoint uploaded", "job", r.a.Job, "attempt", r.a.Attempt, "checkpoint", m.Seq, "to", c.To, "files", len(m.Files))
 	}
+	return nil
 }
 
 // finishData runs after the process ended: the checkpoint goes up when the
@@ -264,7 +265,13 @@ func (ag *Agent) finishData(r *run, workdir string, code int, sig string) {
 	r.mu.Unlock()
 	if c := r.a.Data.Checkpoint; c != nil && !c.RestoreOnly && (stopping || code != 0 || sig != "") {
 		r.setPhase(agentapi.PhaseCheckpoint)
-		ag.syncCheckpoint(r, workdir)
+		if err := ag.syncCheckpoint(r, workdir); err != nil && stopReason == agentapi.ReasonSpotReclaim {
+			// The machine goes anyway: the job resumes from its previous
+			// checkpoint, and the broker records the work lost.
+			r.mu.Lock()
+			r.message = "checkpoint upload failed before the reclaim: " + err.Error()
+			r.mu.Unlock()
+		}
 	}
 	requeued := stopping && stopReason != "cancelled" && stopReason != "timed_out" && stopReason != ""
 	if len(r.a.Data.Outputs) > 0 && !requeued {

@@ -107,6 +107,9 @@ type SyncRequest struct {
 	Leaks     []Leak         `json:"leaks,omitempty"`
 	// Cache is the node's input cache.
 	Cache *staging.CacheStats `json:"cache,omitempty"`
+	// Notices are the provider's interruption notices this agent has
+	// read (a burst machine only), repeated in every heartbeat.
+	Notices []Notice `json:"notices,omitempty"`
 	// Wait asks the broker to hold the answer up to this long when it has
 	// no new orders (long poll).
 	Wait time.Duration `json:"wait,omitempty"`

@@ -20,8 +20,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
+	"strings"
+	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -44,6 +47,7 @@ type API interface {
 	GetConsoleOutput(ctx context.Context, in *ec2.GetConsoleOutputInput, optFns ...func(*ec2.Options)) (*ec2.GetConsoleOutputOutput, error)
 	CreatePlacementGroup(ctx context.Context, in *ec2.CreatePlacementGroupInput, optFns ...func(*ec2.Options)) (*ec2.CreatePlacementGroupOutput, error)
 	DeletePlacementGroup(ctx context.Context, in *ec2.DeletePlacementGroupInput, optFns ...func(*ec2.Options)) (*ec2.DeletePlacementGroupOutput, error)
+	DescribeSpotPriceHistory(ctx context.Context, in *ec2.DescribeSpotPriceHistoryInput, optFns ...func(*ec2.Options)) (*ec2.DescribeSpotPriceHistoryOutput, error)
 }
 
 // Config is one EC2 provider under the broker config's `providers:` key.
@@ -77,6 +81,15 @@ type Config struct {
 	Currency string `json:"currency,omitempty"`
 	// InstanceTypes are what this provider offers.
 	InstanceTypes []InstanceType `json:"instanceTypes"`
+	// MetadataEndpoint is the instance metadata server the agent on a
+	// spot machine reads interruption notices from; default
+	// http://169.254.169.254 (set it for a proxy, or a mock in tests).
+	MetadataEndpoint string `json:"metadataEndpoint,omitempty"`
+	// LiveSpotPrices prices spot offers from DescribeSpotPriceHistory
+	// (the newest Linux/UNIX price per type and zone; the cheapest zone
+	// for an offer without one) instead of each type's spotPrice, which
+	// stays the fallback when EC2 has no price for it.
+	LiveSpotPrices bool `json:"liveSpotPrices,omitempty"`
 }
 
 // InstanceType is one EC2 instance type on offer, with its prices.
@@ -165,6 +178,13 @@ func (p *Provider) Name() string { return p.cfg.Name }
 // a price is set. EC2 has no capacity API, so every offer is Available; a
 // launch that finds none fails with ErrInsufficientCapacity.
 func (p *Provider) Offers(ctx context.Context) ([]providers.Offer, error) {
+	var live map[string]billing.Amount
+	if p.cfg.LiveSpotPrices {
+		var err error
+		if live, err = p.spotPrices(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var out []providers.Offer
 	for _, it := range p.cfg.InstanceTypes {
 		zones := it.Zones
@@ -183,9 +203,13 @@ func (p *Provider) Offers(ctx context.Context) ([]providers.Offer, error) {
 				o.PricePerHour = it.OnDemandPrice
 				out = append(out, o)
 			}
-			if it.SpotPrice > 0 {
+			spot := it.SpotPrice
+			if v, ok := live[it.Name+"/"+z]; ok {
+				spot = v
+			}
+			if spot > 0 {
 				o := base
-				o.Spot, o.PricePerHour = true, it.SpotPrice
+				o.Spot, o.PricePerHour = true, spot
 				out = append(out, o)
 			}
 		}
@@ -466,3 +490,45 @@ func mapError(op string, err error) error {
 }
 
 var _ providers.Provider = (*Provider)(nil)
+
+// spotPrices reads the newest spot price of every configured type in
+// every zone ("type/zone"), and the cheapest zone's under "type/".
+func (p *Provider) spotPrices(ctx context.Context) (map[string]billing.Amount, error) {
+	var types_ []types.InstanceType
+	for _, it := range p.cfg.InstanceTypes {
+		types_ = append(types_, types.InstanceType(it.Name))
+	}
+	in := &ec2.DescribeSpotPriceHistoryInput{InstanceTypes: types_, ProductDescriptions: []string{"Linux/UNIX"},
+		StartTime: awssdk.Time(time.Now())}
+	newest := map[string]time.Time{}
+	out := map[string]billing.Amount{}
+	for {
+		resp, err := p.api.DescribeSpotPriceHistory(ctx, in)
+		if err != nil {
+			return nil, mapError("describe spot price history", err)
+		}
+		for _, sp := range resp.SpotPriceHistory {
+			price, err := billing.ParseAmount(awssdk.ToString(sp.SpotPrice))
+			if err != nil {
+				return nil, fmt.Errorf("describe spot price history: %s in %s: price %q: %w", sp.InstanceType, awssdk.ToString(sp.AvailabilityZone), awssdk.ToString(sp.SpotPrice), err)
+			}
+			key := string(sp.InstanceType) + "/" + awssdk.ToString(sp.AvailabilityZone)
+			at := awssdk.ToTime(sp.Timestamp)
+			if t, ok := newest[key]; ok && !at.After(t) {
+				continue
+			}
+			newest[key], out[key] = at, price
+		}
+		if awssdk.ToString(resp.NextToken) == "" {
+			break
+		}
+		in.NextToken = resp.NextToken
+	}
+	for key, v := range maps.Clone(out) {
+		typ, _, _ := strings.Cut(key, "/")
+		if old, ok := out[typ+"/"]; !ok || v < old {
+			out[typ+"/"] = v
+		}
+	}
+	return out, nil
+}

@@ -16,7 +16,7 @@ import (
 // (deploy/aws/iam-policy.json, shown verbatim in docs/providers.md) allows
 // exactly the EC2 actions the adapter calls — the methods of its narrow
 // API interface — plus ec2:CreateTags only as part of RunInstances (tags
-// at launch). No pricing action: offers are priced in the config.
+// at launch). DescribeSpotPriceHistory prices spot offers (liveSpotPrices).
 func TestIAMPolicyMatchesCalls(t *testing.T) {
 	raw, err := os.ReadFile("../../deploy/aws/iam-policy.json")
 	if err != nil {

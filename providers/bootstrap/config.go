@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/runtime"
 	"github.com/spillway-dev/spillway/onprem/staging"
 )
@@ -45,6 +46,9 @@ type AgentConfig struct {
 	// Runtime is how the agent runs jobs, as the operator configured it
 	// for the machine's provider, with the images to pre-pull.
 	Runtime *runtime.Config `json:"runtime,omitempty"`
+	// Notice is whose interruption notices the agent watches (spot and
+	// preemptible machines of EC2 and GCE).
+	Notice *agentapi.NoticeWatch `json:"notice,omitempty"`
 }
 
 var (

@@ -93,8 +93,13 @@ type Config struct {
 	SSHPort int `json:"sshPort,omitempty"`
 	// Currency of the prices; default "USD".
 	Currency string `json:"currency,omitempty"`
-	// MachineTypes are what this provider offers.
+	// MachineTypes are what this provider offers, with prices from this
+	// table (GCE has no spot price feed; the operator keeps the table).
 	MachineTypes []MachineType `json:"machineTypes"`
+	// MetadataEndpoint is the metadata server the agent on a SPOT machine
+	// waits on for instance/preempted; default
+	// http://metadata.google.internal (a mock in tests).
+	MetadataEndpoint string `json:"metadataEndpoint,omitempty"`
 }
 
 // MachineType is one machine type on offer.

@@ -1,0 +1,47 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/providers"
+)
+
+// OfferView is one offer as the burst controller sees it now, and why a
+// decision would leave it out (GET /v1/offers, `spillway offers`).
+type OfferView struct {
+	providers.Offer
+	// Skip is the reason code when decisions leave the offer out now
+	// (unavailable, no_gpus, cooling_down); empty when it may be chosen.
+	Skip       string `json:"skip,omitempty"`
+	SkipDetail string `json:"skipDetail,omitempty"`
+}
+
+// listOffers answers GET /v1/offers: every provider's offers (refreshed
+// when the cache is old), in the order decisions try them, with the
+// reason any is skipped. The skip reasons come from burst.OfferSkip, the
+// same test Decide applies.
+func (s *Server) listOffers(c echo.Context) error {
+	ctx := c.Request().Context()
+	now := s.clock.Now()
+	s.refreshOffers(ctx, now)
+	s.mu.Lock()
+	in := &burst.Input{Now: now, CoolDowns: s.coolDownsLocked(now)}
+	for name, offers := range s.burst.offers {
+		if _, ok := s.burst.providers[name]; ok {
+			in.Offers = append(in.Offers, offers...)
+		}
+	}
+	s.mu.Unlock()
+	offers := slices.Clone(in.Offers)
+	providers.SortOffers(offers)
+	out := make([]OfferView, 0, len(offers))
+	for _, o := range offers {
+		code, detail := burst.OfferSkip(in, o)
+		out = append(out, OfferView{Offer: o, Skip: code, SkipDetail: detail})
+	}
+	return c.JSON(http.StatusOK, map[string]any{"offers": out})
+}
