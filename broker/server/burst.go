@@ -405,6 +405,7 @@ func (s *Server) burstInputLocked(ctx context.Context, now time.Time) (*burst.In
 		in.Machines = append(in.Machines, m)
 	}
 	sort.Slice(in.Machines, func(a, b int) bool { return in.Machines[a].ID < in.Machines[b].ID })
+	s.spillInputLocked(in, now)
 	names := make([]string, 0, len(s.burst.offers))
 	for name := range s.burst.offers {
 		names = append(names, name)
@@ -623,7 +624,11 @@ func (s *Server) scaleDownLocked(ctx context.Context, now time.Time, st burst.St
 		holding++
 		if j.Stop == nil {
 			jj := cloneJob(j)
-			jj.Stop = &broker.StopRequest{Reason: "preempted", Detail: "burst machine " + r.ID + ": " + st.Detail,
+			reason := "preempted"
+			if st.Reason == burst.StopSpillBack {
+				reason = burst.StopSpillBack
+			}
+			jj.Stop = &broker.StopRequest{Reason: reason, Detail: "burst machine " + r.ID + ": " + st.Detail,
 				Signal: jj.Spec.Checkpoint.Signal, Grace: jj.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: "burst controller"}
 			changed = append(changed, jj)
 		}

@@ -428,8 +428,10 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 	switch {
 	case stop != nil && stop.Reason == "cancelled":
 		j.Transit(ended, broker.StateCancelled, "cancelled", joinDetail(stop.Detail, exit))
-	case stop != nil && stop.Reason == "preempted":
-		j.Transit(ended, broker.StatePreempted, "preempted", joinDetail(stop.Detail, exit))
+	case stop != nil && (stop.Reason == "preempted" || stop.Reason == burst.StopSpillBack):
+		// A job moved home (spill-back) keeps the reason in its history,
+		// where the next decision reads when it last moved.
+		j.Transit(ended, broker.StatePreempted, stop.Reason, joinDetail(stop.Detail, exit))
 		t := ended
 		j.LastCheckpointAt = &t
 		// Back in the queue unbound: it may resume on-prem or burst anew.

@@ -140,6 +140,10 @@ type engine struct {
 	onPremGPUs  int
 	onPremHeld  int
 	largest     int
+	// homeIdx indexes the on-prem nodes by name; homeUsed is the GPUs
+	// held on each (spillback.go).
+	homeIdx  map[string]int
+	homeUsed []int
 
 	// alive are the machines not yet ended, in id order; nMachines counts
 	// launches.
@@ -200,6 +204,7 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 	e.nodes = c.nodes(start)
 	e.onPremNodes = len(e.nodes)
 	e.onPremGPUs = c.OnPremGPUs()
+	e.homeIndex()
 	e.usage = newUsageLedger(e.policy.FairShareHalfLife, start)
 	for _, t := range e.policy.Teams {
 		e.heldLimits = e.heldLimits || t.Quota != nil || len(t.Projects) > 0
@@ -347,8 +352,9 @@ func (e *engine) arrive(sj *sjob) {
 			Resources: broker.Resources{GPUs: per, Nodes: n},
 			Timeout:   broker.Duration(timeout), RestartPolicy: broker.RestartNever,
 			Preemptible: e.c.Preemptible[t.Priority],
-			Checkpoint:  broker.Checkpoint{Signal: "SIGTERM", Grace: broker.Duration(e.c.CheckpointGrace)},
-			Burst:       broker.BurstAllowed, Command: []string{"sim"},
+			Checkpoint: broker.Checkpoint{Signal: "SIGTERM", Grace: broker.Duration(e.c.CheckpointGrace),
+				To: "s3://sim/checkpoints/" + t.ID, Interval: broker.Duration(e.c.CheckpointInterval)},
+			Burst: broker.BurstAllowed, Command: []string{"sim"},
 		},
 		History: []broker.Transition{{At: e.now, To: broker.StatePending, Reason: "submitted", Detail: "by sim"}},
 	}
@@ -390,9 +396,9 @@ func (e *engine) handle(ev event) bool {
 			e.retire(sj)
 			return true
 		}
-		// Preempted: the work up to the signal is saved.
+		// Preempted (or moved home): the work up to the signal is saved.
 		sj.remaining -= stop.RequestedAt.Sub(sj.runFrom)
-		sj.j.Transit(e.now, broker.StatePreempted, "preempted", stop.Detail)
+		sj.j.Transit(e.now, broker.StatePreempted, stop.Reason, stop.Detail)
 		t := e.now
 		sj.j.LastCheckpointAt = &t
 		// Back in the queue unbound: it may resume on-prem or burst anew.
@@ -418,6 +424,9 @@ func (e *engine) handle(ev event) bool {
 // release frees the cards of a job's current attempt.
 func (e *engine) release(sj *sjob) {
 	e.onPremHeld -= sj.onPrem
+	if sj.onPrem > 0 {
+		e.holdHome(sj, -1)
+	}
 	sj.onPrem = 0
 	gpus := sj.j.TotalGPUs()
 	if m := sj.on; m != nil {
@@ -566,6 +575,9 @@ func (e *engine) apply(plan *sched.Plan) {
 			}
 		}
 		e.onPremHeld += sj.onPrem
+		if sj.onPrem > 0 {
+			e.holdHome(sj, 1)
+		}
 		e.usage.hold(sj.t.Team, j.TotalGPUs())
 		if sj.on != nil {
 			sj.burstStarts++
@@ -599,8 +611,11 @@ func (e *engine) stop(sj *sjob, reason, detail, by string) {
 	}
 	j.Stop = &broker.StopRequest{Reason: reason, Detail: detail, Signal: j.Spec.Checkpoint.Signal,
 		Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: e.now, By: by}
-	if reason == sched.StopPreempted {
+	switch reason {
+	case sched.StopPreempted:
 		e.res.Preemptions++
+	case burst.StopSpillBack:
+		e.res.SpillBacks++
 	}
 	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: j.Attempt})
 }

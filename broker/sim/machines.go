@@ -97,6 +97,7 @@ func (e *engine) burst() {
 	for scope, limit := range e.c.Budgets {
 		in.Budgets[scope] = burst.Budget{Limit: limit, Committed: e.committed[month][scope]}
 	}
+	e.spillInput(in)
 	d := burst.Decide(in)
 	e.active = d.Active
 	for _, l := range d.Launches {
@@ -374,7 +375,11 @@ func (e *engine) scaleDown(m *machine, s burst.Stop) {
 	}
 	if len(m.running) > 0 {
 		for _, sj := range m.running {
-			e.stop(sj, sched.StopPreempted, "burst machine "+m.id+": "+s.Detail, "burst controller")
+			reason := sched.StopPreempted
+			if s.Reason == burst.StopSpillBack {
+				reason = burst.StopSpillBack
+			}
+			e.stop(sj, reason, "burst machine "+m.id+": "+s.Detail, "burst controller")
 		}
 		m.state = burst.Draining
 		return
