@@ -107,8 +107,8 @@ func (j *Job) Unbind(now time.Time, why string) {
 // Preempted ends an attempt that stopped for a preemption at ended: its
 // work is saved in its checkpoint, and it goes back to the queue unbound,
 // to resume on-prem or burst anew.
-func (j *Job) Preempted(ended time.Time, detail string) {
-	j.Transit(ended, StatePreempted, "preempted", detail)
+func (j *Job) Preempted(ended time.Time, reason, detail string) {
+	j.Transit(ended, StatePreempted, reason, detail)
 	t := ended
 	j.LastCheckpointAt = &t
 	j.Placements, j.Stop, j.Machine = nil, nil, ""

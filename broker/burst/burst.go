@@ -50,6 +50,8 @@ type Policy struct {
 	Queues map[string]QueuePolicy `json:"queues,omitempty"`
 	// Priorities maps class names to values (higher first).
 	Priorities map[string]int `json:"priorities,omitempty"`
+	// SpillBack moves jobs home when owned GPUs stand idle.
+	SpillBack SpillBackPolicy `json:"spillBack,omitzero"`
 }
 
 // QueuePolicy overrides the trigger for one queue. Zero values inherit.
@@ -156,6 +158,12 @@ type Input struct {
 	Currency string            `json:"currency"`
 	// Active is the hysteresis state the last decision left.
 	Active bool `json:"active"`
+	// Running are the jobs holding GPUs on burst machines, Home the owned
+	// nodes with free GPUs, HomeRate the owned GPUs' rate per GPU-hour:
+	// what spill-back weighs (spillback.go).
+	Running  []Running      `json:"running,omitempty"`
+	Home     []HomeNode     `json:"home,omitempty"`
+	HomeRate billing.Amount `json:"homeRate,omitempty"`
 }
 
 // Launch is one machine to start, for these jobs.
@@ -182,7 +190,7 @@ type Bind struct {
 // Stop ends a machine.
 type Stop struct {
 	Machine string `json:"machine"`
-	Reason  string `json:"reason"` // idle | max_lifetime | lease_ending
+	Reason  string `json:"reason"` // idle | max_lifetime | lease_ending | drained | spill_back
 	Detail  string `json:"detail"`
 }
 
@@ -196,6 +204,11 @@ type Decision struct {
 	// Reasons says, for every waiting burst-eligible job that is neither
 	// launched for nor bound, why not.
 	Reasons map[string]broker.PendingReason `json:"reasons,omitempty"`
+	// SpillBacks are the machines whose jobs move home (each also a Stop
+	// with reason StopSpillBack); Stays says, per ready machine spill-back
+	// weighed and kept, why.
+	SpillBacks []SpillBack       `json:"spillBacks,omitempty"`
+	Stays      map[string]string `json:"stays,omitempty"`
 }
 
 // Reason codes the decision puts on waiting jobs.
@@ -239,6 +252,11 @@ func Decide(in *Input) Decision {
 	stopping := map[string]bool{}
 	for _, s := range d.Stops {
 		stopping[s.Machine] = true
+	}
+	d.SpillBacks, d.Stays = spillBack(in, stopping)
+	for _, sb := range d.SpillBacks {
+		stopping[sb.Machine] = true
+		d.Stops = append(d.Stops, Stop{Machine: sb.Machine, Reason: StopSpillBack, Detail: sb.Detail})
 	}
 
 	offers := usableOffers(in)

@@ -292,9 +292,13 @@ func (c *Controller) ScaleDown(ctx context.Context, now time.Time, s burst.Stop)
 	rr := r.Clone()
 	changed := c.unbind(r.ID, now, "burst machine "+r.ID+" is going away: "+s.Detail)
 	_, holding := f.OnMachine(r.ID)
+	reason := "preempted"
+	if s.Reason == burst.StopSpillBack { // moved home: the job's history keeps why
+		reason = burst.StopSpillBack
+	}
 	for _, j := range holding {
 		jj := j.Clone()
-		if jj.RequestStop("preempted", "burst machine "+r.ID+": "+s.Detail, "burst controller", now) {
+		if jj.RequestStop(reason, "burst machine "+r.ID+": "+s.Detail, "burst controller", now) {
 			changed = append(changed, jj)
 		}
 	}
@@ -513,4 +517,18 @@ func millis(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 // SortRecords orders records by id.
 func SortRecords(rs []*broker.InstanceRecord) {
 	slices.SortFunc(rs, func(a, b *broker.InstanceRecord) int { return strings.Compare(a.ID, b.ID) })
+}
+
+// RunningJob is a job holding cards on burst machine machine as the
+// spill-back decision sees it; startedAt is when its current attempt took
+// the cards. The broker and the simulator both build Input.Running with it.
+func RunningJob(j *broker.Job, machine string, startedAt time.Time) burst.Running {
+	r := burst.Running{ID: j.ID, Machine: machine, GPUs: j.TotalGPUs(), GPUModel: j.Spec.Resources.GPUModel,
+		GPUMemory: int64(j.Spec.Resources.GPUMemory), Checkpointable: j.Spec.Checkpoint.To != "", Stopping: j.Stop != nil,
+		StartedAt: startedAt, Timeout: j.Spec.Timeout.D(), Grace: j.Spec.Checkpoint.Grace.D(),
+		CheckpointEvery: j.Spec.Checkpoint.Interval.D(), LastMoved: burst.LastSpillBack(j)}
+	if j.LastCheckpointAt != nil {
+		r.LastCheckpoint = *j.LastCheckpointAt
+	}
+	return r
 }

@@ -83,6 +83,21 @@ type Burst struct {
 	// AlertWebhook, when set, receives a JSON POST when a budget crosses
 	// 80% and 100%.
 	AlertWebhook string `json:"alertWebhook,omitempty"`
+	// SpillBack moves checkpointable jobs from burst machines home when
+	// owned GPUs stand idle (docs/bursting.md).
+	SpillBack SpillBack `json:"spillBack,omitzero"`
+}
+
+// SpillBack configures moving jobs home (burst.SpillBackPolicy).
+type SpillBack struct {
+	Enabled bool `json:"enabled,omitempty"`
+	// Margin: move only when the expected saving exceeds the move's cost
+	// × (1 + margin). Default 0.5.
+	Margin *float64 `json:"margin,omitempty"`
+	// MinInterval: never move one job twice within this. Default 1h.
+	MinInterval broker.Duration `json:"minInterval,omitempty"`
+	// Staging is the expected checkpoint restore time at home. Default 2m.
+	Staging broker.Duration `json:"staging,omitempty"`
 }
 
 // BurstQueue overrides the trigger for one queue.
@@ -126,6 +141,12 @@ func (c *Config) burstDefaults() {
 	b.ReconcileEvery = cmp.Or(b.ReconcileEvery, broker.Duration(time.Minute))
 	b.OrphanGrace = cmp.Or(b.OrphanGrace, broker.Duration(2*time.Minute))
 	b.OfferCoolDown = cmp.Or(b.OfferCoolDown, broker.Duration(15*time.Minute))
+	if b.SpillBack.Margin == nil {
+		m := 0.5
+		b.SpillBack.Margin = &m
+	}
+	b.SpillBack.MinInterval = cmp.Or(b.SpillBack.MinInterval, broker.Duration(time.Hour))
+	b.SpillBack.Staging = cmp.Or(b.SpillBack.Staging, broker.Duration(2*time.Minute))
 	// Providers tag machines with the cluster's name unless told otherwise.
 	for _, p := range c.Providers {
 		switch {
@@ -186,6 +207,15 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 	if b.OrphanGrace < 0 {
 		add("burst.orphanGrace", broker.CodeOutOfRange, "must not be negative")
 	}
+	if sb := b.SpillBack; sb.Margin != nil && (*sb.Margin < 0 || *sb.Margin > 100) {
+		add("burst.spillBack.margin", broker.CodeOutOfRange, "must be between 0 and 100 (a fraction of the move's cost, e.g. 0.5)")
+	}
+	if b.SpillBack.MinInterval < 0 {
+		add("burst.spillBack.minInterval", broker.CodeOutOfRange, "must not be negative")
+	}
+	if b.SpillBack.Staging < 0 || b.SpillBack.Staging.D() > 24*time.Hour {
+		add("burst.spillBack.staging", broker.CodeOutOfRange, "must be between 0 and 24h")
+	}
 	for i, q := range b.Queues {
 		f := fmt.Sprintf("burst.queues[%d]", i)
 		if _, ok := c.Queue(q.Name); !ok {
@@ -236,6 +266,12 @@ func (c *Config) BurstPolicy() burst.Policy {
 		MaxInFlight: b.MaxInFlight, MaxInFlightPerProvider: b.MaxInFlightPerProvider,
 		IdleTTL: b.IdleTTL.D(), MaxLifetime: b.MaxLifetime.D(), LeaseMargin: b.LeaseMargin.D(),
 		Queues: map[string]burst.QueuePolicy{}, Priorities: map[string]int{}}
+	if sb := b.SpillBack; sb.Enabled {
+		p.SpillBack = burst.SpillBackPolicy{Enabled: true, MinInterval: sb.MinInterval.D(), Staging: sb.Staging.D()}
+		if sb.Margin != nil {
+			p.SpillBack.Margin = *sb.Margin
+		}
+	}
 	for _, q := range b.Queues {
 		p.Queues[q.Name] = burst.QueuePolicy{Threshold: q.Threshold, MinWait: q.MinWait.D(), WaitTarget: q.WaitTarget.D(), Never: q.Never}
 	}

@@ -322,6 +322,7 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 	}
 	in := ctl.Input(now, s.burst.active, budgets)
 	in.CoolDowns = s.coolDownsLocked(now)
+	s.spillInputLocked(in, now)
 	s.checkBudgetAlertsLocked(in)
 	d := burst.Decide(in)
 	err = ctl.Apply(ctx, now, &d)
@@ -351,6 +352,7 @@ func (s *Server) PlanBurst(ctx context.Context) (burst.Decision, *burst.Input, e
 	defer s.mu.Unlock()
 	in := ctl.Input(now, s.burst.active, budgets)
 	in.CoolDowns = s.coolDownsLocked(now)
+	s.spillInputLocked(in, now)
 	return burst.Decide(in), in, nil
 }
 

@@ -32,6 +32,9 @@ type Explanation struct {
 	At      time.Time       `json:"at"`
 	Steps   []string        `json:"steps"`
 	Team    ExplainTeamLoad `json:"team"`
+	// Moves are the job's spill-backs: its moves from a burst machine
+	// home, each with the expected saving that decided it.
+	Moves []broker.Transition `json:"moves,omitempty"`
 }
 
 // ExplainState is step 1: where the job is and how it got there.
@@ -239,6 +242,11 @@ func (s *Server) explain(ctx context.Context, j *broker.Job, viewer Principal) (
 	}
 	x.Exit = exit
 	x.Verdict = s.verdict(x)
+	for _, t := range x.Job.History {
+		if t.To == broker.StatePreempted && t.Reason == burst.StopSpillBack {
+			x.Moves = append(x.Moves, t)
+		}
+	}
 	x.Steps = explainSteps(x)
 	return x, nil
 }
@@ -448,7 +456,7 @@ func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*ExplainExit, 
 // (a kill then is no crash).
 func stoppedByBroker(reason string) bool {
 	switch reason {
-	case "cancelled", "preempted", "timed_out", "idle_reclaimed", "node_lost", "agent_restarted", "agent_forgot":
+	case "cancelled", "preempted", burst.StopSpillBack, "timed_out", "idle_reclaimed", "node_lost", "agent_restarted", "agent_forgot":
 		return true
 	}
 	return false
@@ -673,6 +681,9 @@ func explainSteps(x *Explanation) []string {
 	var out []string
 	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	add("1. State: %s %s (attempt %d, retries %d/%d)", j.State, ago0(x.At, x.State.Since), j.Attempt, j.Retries, j.Spec.MaxRetries)
+	for _, m := range x.Moves {
+		add("   Moved home %s: %s", ago0(x.At, m.At), m.Detail)
+	}
 	if q := x.Queue; q != nil {
 		line := fmt.Sprintf("2. Queue %s: %d waiting", q.Queue, q.Waiting)
 		if q.Reason != nil {

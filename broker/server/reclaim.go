@@ -187,4 +187,3 @@ func (s *Server) endReclaimed(j *broker.Job, r agentapi.JobReport, ended time.Ti
 	j.Placements, j.Stop, j.Machine = nil, nil, ""
 	j.Transit(ended, broker.StatePending, "requeued", "resumes from "+from+" on another machine")
 }
-

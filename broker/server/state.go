@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/spillway-dev/spillway/broker/burst"
 	"runtime/trace"
 	"slices"
 	"strings"
@@ -400,8 +401,10 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 	switch {
 	case stop != nil && stop.Reason == "cancelled":
 		j.Transit(ended, broker.StateCancelled, "cancelled", joinDetail(stop.Detail, exit))
-	case stop != nil && stop.Reason == "preempted":
-		j.Preempted(ended, joinDetail(stop.Detail, exit))
+	case stop != nil && (stop.Reason == "preempted" || stop.Reason == burst.StopSpillBack):
+		// A job moved home (spill-back) keeps the reason in its history,
+		// where the next decision reads when it last moved.
+		j.Preempted(ended, stop.Reason, joinDetail(stop.Detail, exit))
 	case stop != nil && stop.Reason == agentapi.ReasonSpotReclaim:
 		s.endReclaimed(j, r, ended, exit)
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,6 +110,11 @@ type JobsFile struct {
 	// and exit after the checkpoint signal (default 10s, at most the
 	// grace). Its work up to the signal is kept.
 	CheckpointTime broker.Duration `json:"checkpointTime,omitempty"`
+	// CheckpointInterval is how often simulated jobs declare they save a
+	// checkpoint (checkpoint.interval, default 30m); spill-back counts
+	// it as the most work a move can lose. Every simulated job keeps its
+	// checkpoint in object storage (checkpoint.to), so any may move.
+	CheckpointInterval broker.Duration `json:"checkpointInterval,omitempty"`
 }
 
 // StarburstFile configures the Starburst waiting policies.
@@ -143,6 +149,8 @@ type Cluster struct {
 	// long a simulated job takes to save and exit.
 	CheckpointGrace time.Duration
 	CheckpointTime  time.Duration
+	// CheckpointInterval is the jobs' declared checkpoint interval.
+	CheckpointInterval time.Duration
 	// WaitingBudget is the Starburst policies' β.
 	WaitingBudget float64
 }
@@ -305,6 +313,10 @@ func ParseCluster(raw []byte) (*Cluster, error) {
 		c.CheckpointTime = 10 * time.Second
 	}
 	c.CheckpointTime = min(c.CheckpointTime, c.CheckpointGrace)
+	c.CheckpointInterval = cmp.Or(f.Jobs.CheckpointInterval.D(), 30*time.Minute)
+	if c.CheckpointInterval < 0 || c.CheckpointInterval > 7*24*time.Hour {
+		add("jobs.checkpointInterval", broker.CodeOutOfRange, "must be between 0 and 7d")
+	}
 	if c.CheckpointGrace > time.Hour {
 		add("jobs.checkpointGrace", broker.CodeOutOfRange, "must be at most 1h")
 	}

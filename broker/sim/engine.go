@@ -25,6 +25,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"github.com/spillway-dev/spillway/broker/burst"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -145,6 +146,10 @@ type engine struct {
 	onPremGPUs  int
 	onPremHeld  int
 	largest     int
+	// homeIdx indexes the on-prem nodes by name; homeUsed is the GPUs
+	// held on each (spillback.go).
+	homeIdx  map[string]int
+	homeUsed []int
 
 	// alive are the machines not yet ended, in id order; nMachines counts
 	// launches.
@@ -240,6 +245,7 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 	e.nodes = c.nodes(start)
 	e.onPremNodes = len(e.nodes)
 	e.onPremGPUs = c.OnPremGPUs()
+	e.homeIndex()
 	e.usage = newUsageLedger(e.policy.FairShareHalfLife, start)
 	for _, t := range e.policy.Teams {
 		e.heldLimits = e.heldLimits || t.Quota != nil || len(t.Projects) > 0
@@ -387,8 +393,9 @@ func (e *engine) arrive(sj *sjob) {
 			Resources: broker.Resources{GPUs: per, Nodes: n},
 			Timeout:   broker.Duration(timeout), RestartPolicy: broker.RestartNever,
 			Preemptible: e.c.Preemptible[t.Priority],
-			Checkpoint:  broker.Checkpoint{Signal: "SIGTERM", Grace: broker.Duration(e.c.CheckpointGrace)},
-			Burst:       broker.BurstAllowed, Command: []string{"sim"},
+			Checkpoint: broker.Checkpoint{Signal: "SIGTERM", Grace: broker.Duration(e.c.CheckpointGrace),
+				To: "s3://sim/checkpoints/" + t.ID, Interval: broker.Duration(e.c.CheckpointInterval)},
+			Burst: broker.BurstAllowed, Command: []string{"sim"},
 		},
 		History: []broker.Transition{{At: e.now, To: broker.StatePending, Reason: "submitted", Detail: "by sim"}},
 	}
@@ -430,9 +437,9 @@ func (e *engine) handle(ev event) bool {
 			e.retire(sj)
 			return true
 		}
-		// Preempted: the work up to the signal is saved.
+		// Preempted (or moved home): the work up to the signal is saved.
 		sj.remaining -= stop.RequestedAt.Sub(sj.runFrom)
-		sj.j.Preempted(e.now, stop.Detail)
+		sj.j.Preempted(e.now, stop.Reason, stop.Detail)
 		e.pending++
 		return true
 	case evReady:
@@ -453,6 +460,9 @@ func (e *engine) handle(ev event) bool {
 // release frees the cards of a job's current attempt.
 func (e *engine) release(sj *sjob) {
 	e.onPremHeld -= sj.onPrem
+	if sj.onPrem > 0 {
+		e.holdHome(sj, -1)
+	}
 	sj.onPrem = 0
 	gpus := sj.j.TotalGPUs()
 	if m := sj.on; m != nil {
@@ -595,6 +605,9 @@ func (e *engine) apply(plan *sched.Plan) {
 			}
 		}
 		e.onPremHeld += sj.onPrem
+		if sj.onPrem > 0 {
+			e.holdHome(sj, 1)
+		}
 		e.usage.hold(sj.t.Team, j.TotalGPUs())
 		if sj.on != nil {
 			sj.burstStarts++
@@ -629,8 +642,11 @@ func (e *engine) stop(sj *sjob, reason, detail, by string) {
 
 // stopRequested starts the simulated job's exit after a stop request.
 func (e *engine) stopRequested(sj *sjob) {
-	if sj.j.Stop.Reason == sched.StopPreempted {
+	switch sj.j.Stop.Reason {
+	case sched.StopPreempted:
 		e.res.Preemptions++
+	case burst.StopSpillBack:
+		e.res.SpillBacks++
 	}
 	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: sj.j.Attempt})
 }

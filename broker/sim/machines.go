@@ -59,7 +59,9 @@ func (e *engine) burst() {
 		e.fail(err)
 		return
 	}
-	d := burst.Decide(e.ctl.Input(e.now, e.active, budgets))
+	in := e.ctl.Input(e.now, e.active, budgets)
+	e.spillInput(in)
+	d := burst.Decide(in)
 	e.active = d.Active
 	if err := e.ctl.Apply(ctx, e.now, &d); err != nil {
 		e.fail(err)

@@ -136,6 +136,7 @@ func NamedPolicy(name string, c *Cluster) (Policy, error) {
 	p := Policy{Name: name, Burst: c.Burst}
 	anyPending := func() {
 		p.Burst.Threshold, p.Burst.Hysteresis, p.Burst.MinWait, p.Burst.Queues = 0, 0, 0, nil
+		p.Burst.SpillBack = burst.SpillBackPolicy{} // the reference algorithms never move work home
 	}
 	switch name {
 	case PolicyNoBurst:

@@ -106,12 +106,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "fluid lower bound on burst GPU-hours: %.0f\n\n", r.Results[0].FluidBoundGPUHours)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\twait p50\tp95\tp99\tJCT mean\tp95\ton-prem\tburst GPU-h\t×fluid\toverhead GPU-h\tburst cost\tmachines\tpreempt\tresume\t")
+	fmt.Fprintln(tw, "policy\twait p50\tp95\tp99\tJCT mean\tp95\ton-prem\tburst GPU-h\t×fluid\toverhead GPU-h\towned idle while renting\tburst cost\tmachines\tpreempt\tmoved home\tresume\t")
 	for _, res := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.0f\t%s\t%.0f\t%s\t%d\t%d\t%d\t\n", res.Policy,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.0f\t%s\t%.0f\t%.0f (%.1f%%)\t%s\t%d\t%d\t%d\t%d\t\n", res.Policy,
 			human(res.Wait.P50), human(res.Wait.P95), human(res.Wait.P99), human(res.JCT.Mean), human(res.JCT.P95),
 			100*res.OnPremAllocation, res.BurstGPUHours, ratio(res.BurstOverFluid), res.OverheadGPUHours,
-			burst.Money(res.BurstCost), res.Machines, res.Preemptions, res.Resumptions)
+			res.OwnedIdleWhileRenting, 100*res.OwnedIdleShare,
+			burst.Money(res.BurstCost), res.Machines, res.Preemptions, res.SpillBacks, res.Resumptions)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -86,6 +86,14 @@ type Result struct {
 	// BurstGPUHours over it.
 	FluidBoundGPUHours float64 `json:"fluidBoundGPUHours"`
 	BurstOverFluid     float64 `json:"burstOverFluid"`
+	// OwnedIdleWhileRenting is the GPU-hours of owned GPUs left idle at
+	// moments when burst machines ran jobs those GPUs could hold (the
+	// jobs, largest first, each on the fullest owned node it fits);
+	// OwnedIdleShare is it over BurstGPUHours.
+	OwnedIdleWhileRenting float64 `json:"ownedIdleWhileRentingGPUHours"`
+	OwnedIdleShare        float64 `json:"ownedIdleShare"`
+	// SpillBacks are the jobs moved from burst machines home.
+	SpillBacks int `json:"spillBacks"`
 	// BurstCost is UsageCost + OverheadCost, priced by billing.Meter.
 	BurstCost    billing.Amount `json:"burstCost"`
 	UsageCost    billing.Amount `json:"usageCost"`
@@ -153,7 +161,9 @@ type recorder struct {
 	windowEnd        time.Time
 	onPrem, burstGPU float64
 	queue            float64
+	ownedIdle        float64 // e.ownedIdleForBurst() at the last sample
 	heldArea         float64 // ∫ on-prem held dt within the window, GPU-seconds
+	ownedIdleArea    float64 // ∫ ownedIdle dt, GPU-seconds
 	series           Series
 }
 
@@ -175,12 +185,14 @@ func (r *recorder) sample(e *engine) {
 	}
 	r.burstGPU = float64(g)
 	r.queue = float64(e.pending)
+	r.ownedIdle = float64(e.ownedIdleForBurst())
 }
 
 func (r *recorder) advance(now time.Time) {
 	if !now.After(r.last) {
 		return
 	}
+	r.ownedIdleArea += r.ownedIdle * now.Sub(r.last).Seconds()
 	if end := minTime(now, r.windowEnd); end.After(r.last) {
 		r.heldArea += r.onPrem * end.Sub(r.last).Seconds()
 	}
@@ -269,6 +281,10 @@ func (e *engine) finish() *Result {
 	r.FluidBoundGPUHours = FluidBound(traceJobs, e.onPremGPUs)
 	if r.FluidBoundGPUHours > 0 {
 		r.BurstOverFluid = r.BurstGPUHours / r.FluidBoundGPUHours
+	}
+	r.OwnedIdleWhileRenting = e.rec.ownedIdleArea / 3600
+	if r.BurstGPUHours > 0 {
+		r.OwnedIdleShare = r.OwnedIdleWhileRenting / r.BurstGPUHours
 	}
 	months := make([]time.Time, 0, len(r.spent))
 	for m := range r.spent {

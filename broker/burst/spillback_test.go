@@ -1,0 +1,163 @@
+package burst
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// spillInput: owned GPUs idle (one free 8-GPU node), nothing waiting, one
+// ready 8-GPU machine (98.32 USD/h) running a 4-GPU checkpointable job
+// started 1h ago with a 10h declared time and a checkpoint 5m ago.
+func spillInput() *Input {
+	in := input(0)
+	in.Policy.SpillBack = SpillBackPolicy{Enabled: true, Margin: 0.5, MinInterval: time.Hour, Staging: 2 * time.Minute}
+	in.Machines = []Machine{{ID: "m1", Provider: "aws", Offer: catalog[0], State: broker.MachineReady, Team: "nlp", Jobs: []string{"r1"},
+		GPUsUsed: 4, ReadyGPUs: 8, LaunchedAt: now.Add(-2 * time.Hour)}}
+	in.Running = []Running{runningJob("r1", "m1", 4)}
+	in.Home = []HomeNode{{Name: "n1", Free: 8, GPUModel: "NVIDIA H100 80GB", GPUMemory: 80 << 30}}
+	in.HomeRate = usd("2.00")
+	return in
+}
+
+func runningJob(id, machine string, gpus int) Running {
+	return Running{ID: id, Machine: machine, GPUs: gpus, Checkpointable: true, StartedAt: now.Add(-time.Hour),
+		Timeout: 10 * time.Hour, Grace: time.Minute, LastCheckpoint: now.Add(-5 * time.Minute)}
+}
+
+func TestSpillBackMovesWhenTheSavingBeatsTheCost(t *testing.T) {
+	d := Decide(spillInput())
+	if len(d.SpillBacks) != 1 {
+		t.Fatalf("spill-backs %+v, stays %v", d.SpillBacks, d.Stays)
+	}
+	sb := d.SpillBacks[0]
+	// Saving: the machine's 98.32/h for the 9h left, less 4 GPUs × 9h at
+	// 2.00 = 884.88 − 72.00. Cost: 4 GPUs × (1m grace + 2m staging + 5m
+	// lost) at 12.29/GPU-h = 6.5546… → 6.553333 (micro units, rounded down).
+	if got, want := sb.Saving, usd("812.88"); got != want {
+		t.Errorf("saving %s, want %s", got, want)
+	}
+	if got, want := sb.Cost.Cents(), "6.55"; got != want {
+		t.Errorf("cost %s, want %s", got, want)
+	}
+	want := []SpillJob{{Job: "r1", Node: "n1", GPUs: 4, Remaining: 9 * time.Hour, LostWork: 5 * time.Minute}}
+	if diff := cmp.Diff(want, sb.Jobs); diff != "" {
+		t.Errorf("jobs (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(sb.Detail, "expected saving 812.88 USD") {
+		t.Errorf("detail %q", sb.Detail)
+	}
+	if diff := cmp.Diff([]Stop{{Machine: "m1", Reason: StopSpillBack, Detail: sb.Detail}}, d.Stops); diff != "" {
+		t.Errorf("stops (-want +got):\n%s", diff)
+	}
+}
+
+func TestSpillBackStays(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(in *Input)
+		why  string
+	}{
+		{"something waits on-prem", func(in *Input) { in.Pending = []Job{mk("w").obj()} }, "jobs wait on-prem"},
+		{"not checkpointable", func(in *Input) { in.Running[0].Checkpointable = false }, "has no checkpoint in object storage"},
+		{"moved within the interval", func(in *Input) { in.Running[0].LastMoved = now.Add(-30 * time.Minute) }, "moved home 30m ago"},
+		{"already stopping", func(in *Input) { in.Running[0].Stopping = true }, "is stopping"},
+		{"past its declared time", func(in *Input) { in.Running[0].Timeout = time.Hour }, "past its declared time"},
+		{"saving below cost × margin: almost done and an old checkpoint", func(in *Input) {
+			in.Running[0].Timeout = time.Hour + 10*time.Minute
+			in.Running[0].LastCheckpoint = time.Time{}
+		}, "does not beat the move's cost"},
+		{"no room at home", func(in *Input) { in.Home[0].Free = 3 }, "do not fit on the idle owned GPUs"},
+		{"home is another model", func(in *Input) { in.Running[0].GPUModel = "A100" }, "do not fit"},
+		{"a job still starting on it", func(in *Input) { in.Machines[0].Jobs = []string{"r1", "r2"} }, "still starting"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			in := spillInput()
+			c.edit(in)
+			d := Decide(in)
+			if len(d.SpillBacks) != 0 {
+				t.Fatalf("moved: %+v", d.SpillBacks)
+			}
+			if !strings.Contains(d.Stays["m1"], c.why) {
+				t.Errorf("stay reason %q, want it to say %q", d.Stays["m1"], c.why)
+			}
+		})
+	}
+}
+
+func TestSpillBackOff(t *testing.T) {
+	in := spillInput()
+	in.Policy.SpillBack.Enabled = false
+	if d := Decide(in); len(d.SpillBacks) != 0 || len(d.Stays) != 0 || len(d.Stops) != 0 {
+		t.Fatalf("spill-back off still decided: %+v", d)
+	}
+}
+
+// The margin is what the saving must beat: the same move passes at one
+// margin and not at a larger one.
+func TestSpillBackMargin(t *testing.T) {
+	in := spillInput()
+	in.Running[0].Timeout = time.Hour + 4*time.Minute // 4m left: saving 98.32×4/60 − 2×4×4/60 = 6.02
+	in.Running[0].LastCheckpoint = now
+	in.Policy.SpillBack.Margin = 0
+	if d := Decide(in); len(d.SpillBacks) != 1 {
+		t.Fatalf("margin 0: not moved (%v)", d.Stays)
+	}
+	// Cost 4 GPUs × 3m at 12.29 = 2.458: margin 2 needs more than 7.374.
+	in.Policy.SpillBack.Margin = 2
+	if d := Decide(in); len(d.SpillBacks) != 0 {
+		t.Fatalf("margin 2: moved %+v", d.SpillBacks)
+	}
+}
+
+// Two machines compete for one free node: the larger net saving wins, and
+// the other stays with the reason.
+func TestSpillBackBiggestSavingFirst(t *testing.T) {
+	in := spillInput()
+	in.Machines = append(in.Machines, Machine{ID: "m0", Provider: "aws", Offer: catalog[0], State: broker.MachineReady, Team: "nlp",
+		Jobs: []string{"r0"}, GPUsUsed: 8, ReadyGPUs: 8, LaunchedAt: now.Add(-2 * time.Hour)})
+	r0 := runningJob("r0", "m0", 8)
+	r0.Timeout = 3 * time.Hour
+	in.Running = append(in.Running, r0)
+	d := Decide(in)
+	if len(d.SpillBacks) != 1 || d.SpillBacks[0].Machine != "m1" {
+		t.Fatalf("spill-backs %+v", d.SpillBacks)
+	}
+	if !strings.Contains(d.Stays["m0"], "do not fit") {
+		t.Errorf("m0 stays because %q", d.Stays["m0"])
+	}
+	// Room for both: both go, and every job has its own node.
+	in.Home = append(in.Home, HomeNode{Name: "n2", Free: 8, GPUModel: "H100"})
+	d = Decide(in)
+	if len(d.SpillBacks) != 2 {
+		t.Fatalf("spill-backs %+v, stays %v", d.SpillBacks, d.Stays)
+	}
+}
+
+// The checkpoint interval the job declares bounds the lost work.
+func TestSpillBackLostWorkBoundedByInterval(t *testing.T) {
+	in := spillInput()
+	in.Running[0].LastCheckpoint = time.Time{}
+	in.Running[0].CheckpointEvery = 10 * time.Minute
+	d := Decide(in)
+	if len(d.SpillBacks) != 1 || d.SpillBacks[0].Jobs[0].LostWork != 10*time.Minute {
+		t.Fatalf("spill-backs %+v", d.SpillBacks)
+	}
+}
+
+func TestLastSpillBack(t *testing.T) {
+	j := &broker.Job{}
+	if !LastSpillBack(j).IsZero() {
+		t.Fatal("never moved: want zero")
+	}
+	j.Transit(now.Add(-2*time.Hour), broker.StatePreempted, StopSpillBack, "")
+	j.Transit(now.Add(-time.Hour), broker.StatePreempted, "preempted", "")
+	if got := LastSpillBack(j); !got.Equal(now.Add(-2 * time.Hour)) {
+		t.Fatalf("last spill-back %s", got)
+	}
+}

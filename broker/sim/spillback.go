@@ -1,0 +1,96 @@
+package sim
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/burstctl"
+)
+
+// homeIndex maps the on-prem nodes' names to their index in e.nodes, and
+// sizes homeUsed (GPUs held per on-prem node).
+func (e *engine) homeIndex() {
+	e.homeIdx = make(map[string]int, e.onPremNodes)
+	for i, n := range e.nodes[:e.onPremNodes] {
+		e.homeIdx[n.Name] = i
+	}
+	e.homeUsed = make([]int, e.onPremNodes)
+}
+
+// holdHome adds (sign 1) or removes (-1) a job's on-prem GPUs per node.
+func (e *engine) holdHome(sj *sjob, sign int) {
+	for _, p := range sj.j.Placements {
+		if i, ok := e.homeIdx[p.Node]; ok {
+			e.homeUsed[i] += sign * len(p.GPUs)
+		}
+	}
+}
+
+// spillInput adds what spill-back weighs to a burst input: the jobs running on ready burst
+// machines, the owned nodes with free GPUs, and the owned rate (the
+// simulator prices owned GPUs at zero: they are paid for either way).
+// Nothing is added while spill-back is off or jobs wait on-prem.
+func (e *engine) spillInput(in *burst.Input) {
+	in.Running, in.Home = in.Running[:0], in.Home[:0]
+	if !in.Policy.SpillBack.Enabled || e.pending > 0 {
+		return
+	}
+	for _, m := range e.alive {
+		if m.rec.State != broker.MachineReady {
+			continue
+		}
+		for _, sj := range m.running {
+			in.Running = append(in.Running, burstctl.RunningJob(sj.j, m.rec.ID, sj.runFrom))
+		}
+	}
+	if len(in.Running) == 0 {
+		return
+	}
+	for i, n := range e.nodes[:e.onPremNodes] {
+		if free := len(n.Inventory.Devices) - e.homeUsed[i]; free > 0 {
+			d := n.Inventory.Devices[0]
+			in.Home = append(in.Home, burst.HomeNode{Name: n.Name, Free: free, GPUModel: d.Model, GPUMemory: d.MemoryBytes})
+		}
+	}
+}
+
+// ownedIdleForBurst is the GPUs of jobs running on burst machines that
+// the idle owned GPUs could hold now: the jobs, largest first, each put
+// on the fullest owned node it fits.
+func (e *engine) ownedIdleForBurst() int {
+	if e.onPremHeld >= e.onPremGPUs {
+		return 0
+	}
+	var sizes []int
+	for _, m := range e.alive {
+		for _, sj := range m.running {
+			sizes = append(sizes, sj.j.TotalGPUs())
+		}
+	}
+	if len(sizes) == 0 {
+		return 0
+	}
+	free := make([]int, 0, e.onPremNodes)
+	for i, n := range e.nodes[:e.onPremNodes] {
+		if f := len(n.Inventory.Devices) - e.homeUsed[i]; f > 0 {
+			free = append(free, f)
+		}
+	}
+	slices.SortFunc(sizes, func(a, b int) int { return cmp.Compare(b, a) })
+	placed := 0
+	for _, g := range sizes {
+		best := -1
+		for i, f := range free {
+			if f >= g && (best < 0 || f < free[best]) {
+				best = i
+			}
+		}
+		if best >= 0 {
+			free[best] -= g
+			placed += g
+		}
+	}
+	return placed
+}

@@ -1,0 +1,42 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+)
+
+// A 20-hour 4-GPU job bursts while two 1-hour jobs fill the owned GPUs.
+// When they end, the owned GPUs stand idle: without spill-back the job
+// runs its 20 hours in the cloud and the owned cards idle all along;
+// with it the job moves home at the next decision and the machine ends.
+func TestSpillBackMovesTheJobHome(t *testing.T) {
+	rows := []string{"0,3600,4,a,medium,default", "0,3600,4,a,medium,default", "0,72000,4,a,medium,default"}
+	tr := csvTrace(t, rows...)
+	off := run(t, tr, cluster(t, testCluster), "spillway", Options{Seed: 1, RecordStarts: true})
+	on := run(t, tr, cluster(t, strings.Replace(testCluster, "    maxLifetime: 30d\n",
+		"    maxLifetime: 30d\n    spillBack: {enabled: true, margin: 0.5, minInterval: 1h, staging: 2m}\n", 1)), "spillway", Options{Seed: 1, RecordStarts: true})
+
+	if off.SpillBacks != 0 || off.JobsOnBurst != 1 {
+		t.Fatalf("spill-back off: %d moved, %d jobs on burst", off.SpillBacks, off.JobsOnBurst)
+	}
+	// 4 GPUs idle at home from 1h to the job's end, ~19 hours.
+	if off.OwnedIdleWhileRenting < 4*18 {
+		t.Errorf("spill-back off: owned idle while renting %.1f GPU-h, want about 76", off.OwnedIdleWhileRenting)
+	}
+	if on.SpillBacks != 1 {
+		t.Fatalf("spill-back on: %d moved", on.SpillBacks)
+	}
+	last := on.Starts[len(on.Starts)-1]
+	if last.Job != tr.Jobs[2].ID || last.Burst || last.Attempt != 2 {
+		t.Errorf("the long job's last start %+v: want its second attempt, at home", last)
+	}
+	if on.OwnedIdleWhileRenting > 0.1 || on.OwnedIdleShare > 0.02 {
+		t.Errorf("spill-back on: owned idle while renting %.3f GPU-h (%.1f%%)", on.OwnedIdleWhileRenting, 100*on.OwnedIdleShare)
+	}
+	if on.BurstGPUHours >= off.BurstGPUHours/10 || on.Succeeded != 3 {
+		t.Errorf("burst GPU-hours %.1f with spill-back, %.1f without; %d succeeded", on.BurstGPUHours, off.BurstGPUHours, on.Succeeded)
+	}
+	if on.Machines != 1 {
+		t.Errorf("%d machines", on.Machines)
+	}
+}
