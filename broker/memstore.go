@@ -12,8 +12,8 @@ var errReadOnly = errors.New("memstore: write in a View")
 // MemStore is a Store held in memory, for what runs in one process and
 // keeps nothing: the simulator's budgets and reservations, which go
 // through the same functions (Reserve, Release, Settle) as the broker's
-// store. A failed Update or Batch leaves nothing behind. It passes the
-// conformance suite in broker/storetest except for durability.
+// store. A failed Update or Batch leaves nothing behind. Transactions do not
+// nest: fn must not call the store again.
 type MemStore struct {
 	mu      sync.Mutex
 	buckets map[Bucket]*memBucket
