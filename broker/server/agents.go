@@ -57,7 +57,7 @@ func (s *Server) register(c echo.Context) error {
 	if !nodeNameRe.MatchString(req.Node) {
 		return errBadRequest("node", broker.CodeInvalid, "node name must be 1-63 letters, digits, '.', '_' or '-'")
 	}
-	if n, max := len(req.Inventory.Devices), s.cfg.Agents.MaxCardsPerNode; n > max {
+	if n, max := len(req.Inventory.Devices), s.cfg().Agents.MaxCardsPerNode; n > max {
 		return errBadRequest("inventory.devices", broker.CodeOutOfRange,
 			"a node may report at most %d GPUs (agents.maxCardsPerNode), this one reports %d", max, n)
 	}
@@ -118,7 +118,7 @@ func (s *Server) register(c echo.Context) error {
 	s.log.Info("agent registered", "node", n.Name, "generation", n.Generation, "gpus", len(n.Inventory.Devices),
 		"backend", n.Inventory.Backend, "requeued", len(jobs))
 	s.kick()
-	return c.JSON(http.StatusOK, agentapi.RegisterResponse{Generation: n.Generation, HeartbeatInterval: s.cfg.Agents.HeartbeatInterval.D()})
+	return c.JSON(http.StatusOK, agentapi.RegisterResponse{Generation: n.Generation, HeartbeatInterval: s.cfg().Agents.HeartbeatInterval.D()})
 }
 
 // sync is the agent heartbeat: record what the agent reports, store its log
@@ -134,6 +134,11 @@ func (s *Server) sync(c echo.Context) error {
 		return errForbidden("this agent token belongs to node %s, not %s", p.Node, req.Node)
 	}
 	ctx := c.Request().Context()
+	// The job-token key for the starts this answer may carry (addJobEnv):
+	// read before the lock, and only the first time.
+	if _, err := s.jobTokenKey(ctx); err != nil {
+		s.log.Warn("read the job-token key; starts go without job tokens", "err", err)
+	}
 	s.mu.Lock()
 	if err := s.checkLeaderLocked(); err != nil {
 		s.mu.Unlock()
@@ -219,7 +224,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		nodeChanged = true
 	}
 
-	resp := &agentapi.SyncResponse{HeartbeatInterval: s.cfg.Agents.HeartbeatInterval.D(), LogOffsets: map[string]int64{}}
+	resp := &agentapi.SyncResponse{HeartbeatInterval: s.cfg().Agents.HeartbeatInterval.D(), LogOffsets: map[string]int64{}}
 	reported := reportedSet(req)
 	changed := map[string]*broker.Job{}
 	get := func(id string) *broker.Job {
@@ -320,7 +325,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 	if nodeChanged {
 		nodes = []*broker.Node{n}
 	}
-	logLimit := int64(s.cfg.Agents.LogLimit)
+	logLimit := int64(s.cfg().Agents.LogLimit)
 	extra := func(tx broker.Tx) error {
 		for _, ch := range req.Logs {
 			j := s.jobs[ch.Job]

@@ -25,7 +25,7 @@ func TestAuditMutations(t *testing.T) {
 	h.do("PUT", "/v1/budgets/global", tokAdmin, `{"limit": "5"}`, nil)
 	h.do("POST", "/v1/jointokens", tokAdmin, JoinTokenRequest{}, nil)
 	a.sync()
-	h.srv.cfg.Limits.SubmitBurst, h.srv.cfg.Limits.SubmitsPerMinute = 1, 1
+	h.srv.cfg().Limits.SubmitBurst, h.srv.cfg().Limits.SubmitsPerMinute = 1, 1
 	h.srv.limits.buckets = nil
 	h.submitCode(tokBob, oneGPU)
 	if code, _ := h.submitCode(tokBob, oneGPU); code != http.StatusTooManyRequests {

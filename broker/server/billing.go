@@ -20,7 +20,7 @@ import (
 // 10 s. The meter writes only whole slices, so metering more often than a
 // slice would only move less at a time.
 func (s *Server) meterEvery() time.Duration {
-	slice := s.cfg.BillingCompiled().Meter.Slice
+	slice := s.cfg().BillingCompiled().Meter.Slice
 	if slice == 0 {
 		slice = billing.DefaultSlice
 	}
@@ -154,7 +154,7 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 		allocs = append(allocs, a)
 	}
 	allocs = append(allocs, s.slurmAllocsLocked(cursor)...)
-	comp := s.cfg.BillingCompiled()
+	comp := s.cfg().BillingCompiled()
 	res, err := billing.MeterCycle(ctx, ledger, ledger, comp.Meter, allocs, machines, ms(now))
 	for _, p := range res.Problems {
 		if !s.meter.reported[p.Error()] {
@@ -254,7 +254,7 @@ func billingTeam(c echo.Context) (string, error) {
 
 // billingPeriod reads ?month=YYYY-MM or ?from=&to= (dates or RFC 3339).
 func (s *Server) billingPeriod(c echo.Context) (billing.Period, error) {
-	loc := s.cfg.BillingCompiled().TimeZone
+	loc := s.cfg().BillingCompiled().TimeZone
 	if m := c.QueryParam("month"); m != "" {
 		p, err := billing.ParseMonth(m, loc)
 		if err != nil {
@@ -294,7 +294,7 @@ func (s *Server) usage(c echo.Context) error {
 		return errBadRequest("by", broker.CodeInvalid, "%v", err)
 	}
 	rep, err := billing.BuildReport(c.Request().Context(), broker.Ledger{Store: s.store},
-		billing.ReportQuery{Period: period, Team: team, GroupBy: dims, Location: s.cfg.BillingCompiled().TimeZone})
+		billing.ReportQuery{Period: period, Team: team, GroupBy: dims, Location: s.cfg().BillingCompiled().TimeZone})
 	if err != nil {
 		return err
 	}
@@ -326,7 +326,7 @@ func (s *Server) export(c echo.Context) error {
 	default:
 		return errBadRequest("granularity", broker.CodeInvalid, "must be entry, hour or day")
 	}
-	comp := s.cfg.BillingCompiled()
+	comp := s.cfg().BillingCompiled()
 	ct := "text/csv; charset=utf-8"
 	if format == billing.FormatJSON {
 		ct = "application/json"
@@ -345,7 +345,7 @@ func (s *Server) export(c echo.Context) error {
 // runExports performs the scheduled exports while ctx lives: sleep until
 // the next one is due, run what is due (each retried with backoff).
 func (s *Server) runExports(ctx context.Context) {
-	comp := s.cfg.BillingCompiled()
+	comp := s.cfg().BillingCompiled()
 	if len(comp.Exports) == 0 {
 		return
 	}

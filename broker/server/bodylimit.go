@@ -25,7 +25,7 @@ func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 		if r.Body == nil || r.Body == http.NoBody {
 			return next(c)
 		}
-		limit := int64(s.cfg.Limits.MaxBodyBytes)
+		limit := int64(s.cfg().Limits.MaxBodyBytes)
 		if strings.HasPrefix(r.URL.Path, "/v1/agent/") || r.URL.Path == agentapi.PathSync || r.URL.Path == agentapi.PathRegister {
 			limit = maxSyncBytes
 		}
@@ -38,7 +38,7 @@ func (s *Server) limitBody(next echo.HandlerFunc) echo.HandlerFunc {
 			return newError(http.StatusRequestEntityTooLarge, "too_large", "the request body is %d bytes; this route takes at most %d", r.ContentLength, limit)
 		}
 		rc := http.NewResponseController(c.Response().Writer)
-		if err := rc.SetReadDeadline(time.Now().Add(s.cfg.Limits.ReadTimeout.D())); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		if err := rc.SetReadDeadline(time.Now().Add(s.cfg().Limits.ReadTimeout.D())); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return err
 		}
 		r.Body = &deadlineBody{ReadCloser: http.MaxBytesReader(c.Response().Writer, r.Body, limit), rc: rc}

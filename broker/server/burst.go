@@ -82,7 +82,7 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 		b.providers[p.Name()] = p
 		b.kinds[p.Name()] = billing.PoolCloud
 	}
-	for i, pc := range s.cfg.Providers {
+	for i, pc := range s.cfg().Providers {
 		p, kind, err := s.buildProvider(ctx, pc)
 		if err != nil {
 			return fmt.Errorf("providers[%d]: %w", i, err)
@@ -147,10 +147,10 @@ func (s *Server) loadInstances(ctx context.Context) error {
 }
 
 func (s *Server) sshKeyPath() string {
-	if s.cfg.Burst.SSHKeyFile != "" {
-		return s.cfg.Burst.SSHKeyFile
+	if s.cfg().Burst.SSHKeyFile != "" {
+		return s.cfg().Burst.SSHKeyFile
 	}
-	return filepath.Join(s.cfg.DataDir, "burst_ssh_key")
+	return filepath.Join(s.cfg().DataDir, "burst_ssh_key")
 }
 
 // buildProvider makes one configured provider.
@@ -165,7 +165,7 @@ func (s *Server) buildProvider(ctx context.Context, pc config.Provider) (provide
 	case pc.Lambda != nil:
 		c := *pc.Lambda
 		if c.HostKeySecretFile == "" {
-			c.HostKeySecretFile = filepath.Join(s.cfg.DataDir, "lambda-hostkey.secret")
+			c.HostKeySecretFile = filepath.Join(s.cfg().DataDir, "lambda-hostkey.secret")
 		}
 		if err := ensureSecret(c.HostKeySecretFile); err != nil {
 			return nil, "", err
@@ -238,7 +238,7 @@ func (s *Server) burstLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(s.cfg.Burst.Interval.D()):
+		case <-s.clock.After(s.cfg().Burst.Interval.D()):
 		}
 	}
 }
@@ -331,7 +331,7 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if now.Sub(s.burst.reconciled) >= s.cfg.Burst.ReconcileEvery.D() {
+	if now.Sub(s.burst.reconciled) >= s.cfg().Burst.ReconcileEvery.D() {
 		s.burst.reconciled = now
 		s.Reconcile(ctx)
 	}
@@ -357,7 +357,7 @@ func (s *Server) PlanBurst(ctx context.Context) (burst.Decision, *burst.Input, e
 }
 
 func (s *Server) billingZone() *time.Location {
-	if tz := s.cfg.BillingCompiled().TimeZone; tz != nil {
+	if tz := s.cfg().BillingCompiled().TimeZone; tz != nil {
 		return tz
 	}
 	return time.UTC
@@ -409,7 +409,7 @@ func newRecordID(now time.Time, ids *idSource) string {
 }
 
 func (s *Server) currency() string {
-	if c := s.cfg.BillingCompiled().Meter.Currency; c != "" {
+	if c := s.cfg().BillingCompiled().Meter.Currency; c != "" {
 		return c
 	}
 	return "USD"
@@ -614,12 +614,12 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 	}); err != nil {
 		return err
 	}
-	gpus := s.cfg.Burst.AgentGPUs
+	gpus := s.cfg().Burst.AgentGPUs
 	if gpus == "sim" {
 		gpus = fmt.Sprintf("sim:%dx%s-%dGB", max(rec.Offer.GPUs, 1), firstNonEmpty(rec.Offer.GPUModel, "H100"), max(rec.Offer.GPUMemoryBytes>>30, 1))
 	}
-	agent := bootstrap.AgentConfig{Broker: s.cfg.AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
-		DataDir: machineDir(s.cfg.Burst.AgentDataDir, rec.ID), Data: s.cfg.Burst.AgentData,
+	agent := bootstrap.AgentConfig{Broker: s.cfg().AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
+		DataDir: machineDir(s.cfg().Burst.AgentDataDir, rec.ID), Data: s.cfg().Burst.AgentData,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType},
 		Runtime: s.burstRuntime(rec.Provider), Notice: s.noticeWatch(rec)}
@@ -655,10 +655,10 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 func (s *Server) sshBootstrap(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider, agent bootstrap.AgentConfig, registered func(context.Context) error) (*bootstrap.Transcript, error) {
 	target := bootstrap.Target{Addr: rec.SSHHost, User: rec.SSHUser, Signer: s.burst.signer,
 		HostKeys: func(ctx context.Context) ([]ssh.PublicKey, error) { return prov.HostKeys(ctx, rec.ProviderID) }}
-	opts := bootstrap.Options{Agent: agent, RemoteDir: machineDir(s.cfg.Burst.RemoteDir, rec.ID),
-		Binaries: s.cfg.Burst.Binaries, WaitRegistered: registered, Logger: s.log.With("record", rec.ID),
-		NoSudo: s.cfg.Burst.AgentSudo == "never"}
-	if s.cfg.Burst.AgentInit == "supervised" {
+	opts := bootstrap.Options{Agent: agent, RemoteDir: machineDir(s.cfg().Burst.RemoteDir, rec.ID),
+		Binaries: s.cfg().Burst.Binaries, WaitRegistered: registered, Logger: s.log.With("record", rec.ID),
+		NoSudo: s.cfg().Burst.AgentSudo == "never"}
+	if s.cfg().Burst.AgentInit == "supervised" {
 		opts.Init = bootstrap.InitSupervised
 	}
 	return bootstrap.Run(ctx, target, opts)
@@ -729,7 +729,7 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 			target := bootstrap.Target{Addr: rec.SSHHost, User: rec.SSHUser, Signer: s.burst.signer,
 				HostKeys: func(ctx context.Context) ([]ssh.PublicKey, error) { return prov.HostKeys(ctx, rec.ProviderID) }}
 			cctx, cancel := context.WithTimeout(ctx, time.Minute)
-			if _, err := bootstrap.Stop(cctx, target, bootstrap.StopOptions{RemoteDir: machineDir(s.cfg.Burst.RemoteDir, rec.ID)}); err != nil {
+			if _, err := bootstrap.Stop(cctx, target, bootstrap.StopOptions{RemoteDir: machineDir(s.cfg().Burst.RemoteDir, rec.ID)}); err != nil {
 				s.log.Warn("stop agent on leased host", "record", id, "err", err)
 			}
 			cancel()
@@ -840,7 +840,7 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 				first = now
 			}
 			s.mu.Unlock()
-			if now.Sub(first) < s.cfg.Burst.OrphanGrace.D() {
+			if now.Sub(first) < s.cfg().Burst.OrphanGrace.D() {
 				continue
 			}
 			s.log.Warn("deleting a tagged machine without a live record", "provider", name, "machine", inst.ID, "record", inst.RecordID)

@@ -328,7 +328,7 @@ func TestBurstIdleScaleDownAndBilling(t *testing.T) {
 
 func TestBurstMaxLifetime(t *testing.T) {
 	r := newBurstRig(t)
-	r.srv.cfg.Burst.MaxLifetime = broker.Duration(30 * time.Minute)
+	r.srv.cfg().Burst.MaxLifetime = broker.Duration(30 * time.Minute)
 	r.fill()
 	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "10h", "preemptible": true, "command": ["train"]}`)
 	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })
@@ -526,7 +526,7 @@ func TestBudgetAlerts(t *testing.T) {
 	got := make(chan map[string]any, 4)
 	hook := newWebhook(t, got)
 	r := newBurstRig(t)
-	r.srv.cfg.Burst.AlertWebhook = hook
+	r.srv.cfg().Burst.AlertWebhook = hook
 	r.fill()
 	r.setBudget("nlp", "30") // one 1-GPU launch projects 24.00: 80%
 	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
@@ -568,7 +568,7 @@ func TestBudgetAlerts(t *testing.T) {
 // it out again.
 func TestPreemptedOffBurstMachineIsUnbound(t *testing.T) {
 	r := newBurstRig(t)
-	r.srv.cfg.Burst.MaxLifetime = broker.Duration(30 * time.Minute)
+	r.srv.cfg().Burst.MaxLifetime = broker.Duration(30 * time.Minute)
 	r.fill()
 	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "10h", "preemptible": true, "command": ["train"]}`)
 	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })

@@ -373,7 +373,7 @@ func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCacheEvicted, prometheus.GaugeValue, float64(c.Evictions), n.Name)
 	}
 	waiting, staging := map[string]int{}, map[string]int{}
-	for _, q := range s.cfg.Queues {
+	for _, q := range s.cfg().Queues {
 		waiting[q.Name], staging[q.Name] = 0, 0
 	}
 	for _, j := range s.jobs {

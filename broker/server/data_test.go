@@ -15,7 +15,7 @@ import (
 
 func dataHarness(t *testing.T) *harness {
 	h := newHarness(t)
-	h.srv.cfg.Teams = append(h.srv.cfg.Teams, config.Team{Name: "nlp", Share: 1, Buckets: []string{"s3://nlp-data/", "gs://nlp-ckpt"}})
+	h.srv.cfg().Teams = append(h.srv.cfg().Teams, config.Team{Name: "nlp", Share: 1, Buckets: []string{"s3://nlp-data/", "gs://nlp-ckpt"}})
 	return h
 }
 

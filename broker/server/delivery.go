@@ -146,12 +146,12 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	bound := s.cfg.Reports.StarvationAfter.D()
+	bound := s.cfg().Reports.StarvationAfter.D()
 	starving := map[string]int{}
 	oldest := map[string]time.Duration{}
 	type qr struct{ q, r string }
 	pending := map[qr]int{}
-	for _, q := range s.cfg.Queues {
+	for _, q := range s.cfg().Queues {
 		starving[q.Name] = 0
 		oldest[q.Name] = 0
 	}
@@ -296,18 +296,19 @@ func jobTokenFor(key []byte, job string) string {
 }
 
 // addJobEnv gives an attempt what it needs to report units: the broker's
-// URL and its job token. Without a key (the store is unreachable) the job
-// simply gets none.
+// URL and its job token. It runs under s.mu, so it never reads the store:
+// the key is the one loadJobTokenKey read before the lock. Without a key
+// (the store was unreachable) the job simply gets none.
 func (s *Server) addJobEnv(j *broker.Job, env map[string]string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	key, err := s.jobTokenKey(ctx)
-	if err != nil {
-		s.log.Warn("job gets no job token", "job", j.ID, "err", err)
+	s.observability.mu.Lock()
+	key := s.observability.jobKey
+	s.observability.mu.Unlock()
+	if key == nil {
+		s.log.Warn("job gets no job token: the job-token key could not be read from the store", "job", j.ID)
 		return
 	}
 	env["SPILLWAY_JOB_TOKEN"] = jobTokenFor(key, j.ID)
-	env["SPILLWAY_SERVER"] = s.cfg.AdvertiseURL
+	env["SPILLWAY_SERVER"] = s.cfg().AdvertiseURL
 }
 
 // unitsAuth admits a job token for its own job, or else a person's token
@@ -586,7 +587,7 @@ func (s *Server) deliveryReport(c echo.Context) error {
 // before the period to its end, and the units and ledger of the period.
 func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team string) (*DeliveryReport, error) {
 	now := s.clock.Now()
-	bound := s.cfg.Reports.StarvationAfter.D()
+	bound := s.cfg().Reports.StarvationAfter.D()
 	rep := &DeliveryReport{Period: p, Team: team, StarvationAfter: broker.FormatDuration(bound), Rows: []DeliveryRow{}, Starving: []StarvingJob{}, Units: []UnitCost{}}
 	rows := map[[2]string]*DeliveryRow{}
 	row := func(j *broker.Job) *DeliveryRow {
@@ -600,7 +601,7 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 	}
 	in := p.Contains
 	err := s.store.View(ctx, func(tx broker.Tx) error {
-		return tx.Scan(broker.BucketJobs, ulidBound(p.From.Add(-s.cfg.Reports.Lookback.D())), ulidBound(p.To), func(_ string, raw []byte) error {
+		return tx.Scan(broker.BucketJobs, ulidBound(p.From.Add(-s.cfg().Reports.Lookback.D())), ulidBound(p.To), func(_ string, raw []byte) error {
 			var j broker.Job
 			if err := json.Unmarshal(raw, &j); err != nil {
 				return fmt.Errorf("decode job: %w", err)

@@ -46,13 +46,13 @@ func (h *harness) scrape() map[string]float64 {
 // per 1,000 units is the ledger's cost of the job over its units.
 func TestDeliveryReportAndMetrics(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Reports.StarvationAfter = broker.Duration(time.Minute)
+	h.srv.cfg().Reports.StarvationAfter = broker.Duration(time.Minute)
 	a := h.agent("n1", 2)
 	low := h.submit(tokAlice, `{"resources": {"gpus": 2}, "priority": "low", "preemptible": true, "timeout": "4h",
 		"checkpoint": {"signal": "SIGUSR1", "grace": "90s"}, "command": ["train"]}`)
 	h.cycle()
 	resp := a.sync()
-	if len(resp.Start) != 1 || resp.Start[0].Env["SPILLWAY_JOB_TOKEN"] == "" || resp.Start[0].Env["SPILLWAY_SERVER"] != h.srv.cfg.AdvertiseURL {
+	if len(resp.Start) != 1 || resp.Start[0].Env["SPILLWAY_JOB_TOKEN"] == "" || resp.Start[0].Env["SPILLWAY_SERVER"] != h.srv.cfg().AdvertiseURL {
 		t.Fatalf("assignment env: %+v", resp.Start)
 	}
 	jobToken := resp.Start[0].Env["SPILLWAY_JOB_TOKEN"]
@@ -170,7 +170,7 @@ func TestDeliveryReportAndMetrics(t *testing.T) {
 // report and counted by the gauge.
 func TestStarvingJobsNow(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Reports.StarvationAfter = broker.Duration(time.Minute)
+	h.srv.cfg().Reports.StarvationAfter = broker.Duration(time.Minute)
 	a := h.agent("n1", 1)
 	h.submit(tokBob, `{"resources": {"gpus": 1}, "timeout": "1h", "command": ["hold"]}`)
 	h.settle(a)

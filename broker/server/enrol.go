@@ -103,7 +103,7 @@ func (s *Server) createJoinToken(c echo.Context) error {
 	if req.Node != "" && !nodeNameRe.MatchString(req.Node) {
 		return errBadRequest("node", broker.CodeInvalid, "node name must be 1-63 letters, digits, '.', '_' or '-'")
 	}
-	maxCards := s.cfg.Agents.MaxCardsPerNode
+	maxCards := s.cfg().Agents.MaxCardsPerNode
 	if req.MaxGPUs == 0 {
 		req.MaxGPUs = maxCards
 	}

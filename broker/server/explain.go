@@ -306,7 +306,7 @@ func (s *Server) teamLoadLocked(team string) ExplainTeamLoad {
 			out.RunningJobs++
 		}
 	}
-	for _, t := range s.cfg.Teams {
+	for _, t := range s.cfg().Teams {
 		if t.Name == team && t.Quota != nil {
 			g := t.Quota.GPUs
 			out.QuotaGPUs = &g
@@ -383,7 +383,7 @@ func (s *Server) explainCards(j *broker.Job, views []NodeView) []ExplainCard {
 	for _, v := range views {
 		byName[v.Name] = v
 	}
-	threshold := s.cfg.Idle.Threshold
+	threshold := s.cfg().Idle.Threshold
 	var out []ExplainCard
 	for _, p := range j.Placements {
 		v, ok := byName[p.Node]

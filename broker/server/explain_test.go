@@ -75,7 +75,7 @@ func wantVerdict(t *testing.T, x *Explanation, code string, words ...string) {
 func TestExplainQuota(t *testing.T) {
 	h := newHarness(t)
 	zero := 0
-	h.srv.cfg.Teams = []config.Team{{Name: "nlp", Share: 1, Quota: &config.Quota{GPUs: 2, BorrowLimit: &zero}}}
+	h.srv.cfg().Teams = []config.Team{{Name: "nlp", Share: 1, Quota: &config.Quota{GPUs: 2, BorrowLimit: &zero}}}
 	a := h.agent("n1", 8)
 	h.submit(tokAlice, `{"resources": {"gpus": 2}, "timeout": "2h", "command": ["train"]}`)
 	h.settle(a)
@@ -154,7 +154,7 @@ func TestExplainBurstBlockedByBudget(t *testing.T) {
 
 func TestExplainIdleOnItsCard(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Idle.Window = broker.Duration(2 * time.Minute)
+	h.srv.cfg().Idle.Window = broker.Duration(2 * time.Minute)
 	a := h.agent("n1", 2)
 	zero := 0
 	a.util = &zero

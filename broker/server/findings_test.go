@@ -20,7 +20,7 @@ import (
 // and the job's end is recorded.
 func TestFinding3LogWedge(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Agents.LogLimit = broker.Quantity(1 << 10)
+	h.srv.cfg().Agents.LogLimit = broker.Quantity(1 << 10)
 	a := h.agent("gpu-a", 1)
 	j := h.submit(tokAlice, oneGPU)
 	h.settle(a)

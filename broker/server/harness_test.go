@@ -106,7 +106,7 @@ func (h *harness) restart() {
 	h.cancel()
 	h.http.Close()
 	h.store.Close()
-	h.open(h.srv.cfg)
+	h.open(h.srv.cfg())
 }
 
 func (h *harness) cycle() {

@@ -243,21 +243,22 @@ func (s *Server) checkBudgetAlertsLocked(in *burst.Input) {
 				continue
 			}
 			s.burst.alerted[key] = true
-			go func() {
+			s.goWork(func(ctx context.Context) {
 				// Kept, so a restart does not raise the alert again.
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				defer cancel()
 				if err := s.store.Batch(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, budgetAlertKey+key, []byte("1")) }); err != nil {
 					s.log.Warn("record budget alert", "key", key, "err", err)
 				}
-			}()
+			})
 			msg := fmt.Sprintf("burst budget %s at %.0f%%: %s of %s %s committed in %s", scope, ratio*100,
 				burst.Money(b.Committed), burst.Money(b.Limit), in.Currency, month)
 			s.log.Warn("budget alert", "scope", scope, "level", level, "committed", b.Committed.String(), "limit", b.Limit.String(), "msg", msg)
 			s.metrics.budgetAlerts.WithLabelValues(scope, fmt.Sprintf("%.0f", level*100)).Inc()
-			if url := s.cfg.Burst.AlertWebhook; url != "" {
-				go s.postAlert(url, map[string]any{"scope": scope, "month": month, "level": level, "ratio": ratio,
-					"committed": b.Committed.String(), "limit": b.Limit.String(), "currency": in.Currency, "message": msg})
+			if url := s.cfg().Burst.AlertWebhook; url != "" {
+				body := map[string]any{"scope": scope, "month": month, "level": level, "ratio": ratio,
+					"committed": b.Committed.String(), "limit": b.Limit.String(), "currency": in.Currency, "message": msg}
+				s.goWork(func(ctx context.Context) { s.postAlert(ctx, url, body) })
 			}
 		}
 	}

@@ -18,7 +18,7 @@ import (
 // specLimits is the config's limits plus what the live inventory allows:
 // no job may ask for more GPUs than the largest node has.
 func (s *Server) specLimitsLocked() broker.SpecLimits {
-	lim := s.cfg.SpecLimits()
+	lim := s.cfg().SpecLimits()
 	largest, mem := 0, int64(0)
 	for _, n := range s.nodes {
 		largest = max(largest, len(n.Inventory.Devices))
@@ -337,10 +337,10 @@ type Whoami struct {
 
 func (s *Server) whoami(c echo.Context) error {
 	w := Whoami{Principal: principal(c), Version: Version}
-	for _, p := range s.cfg.Priorities {
+	for _, p := range s.cfg().Priorities {
 		w.Priorities = append(w.Priorities, p.Name)
 	}
-	for _, t := range s.cfg.Teams {
+	for _, t := range s.cfg().Teams {
 		w.Teams = append(w.Teams, t.Name)
 	}
 	return c.JSON(http.StatusOK, w)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,18 +60,6 @@ func (s *Server) initHA(elector broker.Elector) {
 	}
 }
 
-func runTasks(ctx context.Context, tasks []func(context.Context)) {
-	var wg sync.WaitGroup
-	for _, t := range tasks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t(ctx)
-		}()
-	}
-	wg.Wait()
-}
-
 // term is one run of the leader tasks.
 type term struct {
 	token  uint64
@@ -84,7 +71,7 @@ type term struct {
 // always leads; otherwise once per term of the lease.
 func (s *Server) lead(ctx context.Context) {
 	if s.ha == nil {
-		runTasks(ctx, s.leaderTasks())
+		s.runTerm(ctx, s.leaderTasks())
 		return
 	}
 	// The elector outlives the last term by a moment: the tasks stop
@@ -103,7 +90,7 @@ func (s *Server) lead(ctx context.Context) {
 		stopElector()
 		<-electorDone
 	}()
-	recheck := s.cfg.HA.RenewInterval.D() / 2
+	recheck := s.cfg().HA.RenewInterval.D() / 2
 	for {
 		st := s.ha.elector.Status()
 		if cur != nil && (!st.Leader || st.Token != cur.token) {
@@ -118,7 +105,7 @@ func (s *Server) lead(ctx context.Context) {
 				cur = &term{token: st.Token, cancel: cancel, done: make(chan struct{})}
 				go func(t *term) {
 					defer close(t.done)
-					runTasks(tctx, s.leaderTasks())
+					s.runTerm(tctx, s.leaderTasks())
 				}(cur)
 			}
 		}
@@ -155,7 +142,7 @@ func (s *Server) takeOver(ctx context.Context, token uint64) error {
 	s.ha.storeDown = false
 	s.ha.term.Store(token)
 	s.log.Info("leading", "token", token, "active_jobs", len(s.jobs), "nodes", len(s.nodes),
-		"agent_grace", s.cfg.HA.AgentGrace.D())
+		"agent_grace", s.cfg().HA.AgentGrace.D())
 	s.kick()
 	return nil
 }
@@ -175,7 +162,7 @@ func (s *Server) endTerm(t *term, why string) {
 // graceLocked restarts the period in which no node is declared lost: at
 // least the usual lost timeout from now, and ha.agentGrace in all.
 func (s *Server) graceLocked() {
-	extra := s.cfg.HA.AgentGrace.D() - s.cfg.Agents.LostTimeout()
+	extra := s.cfg().HA.AgentGrace.D() - s.cfg().Agents.LostTimeout()
 	s.started = s.clock.Now().Add(max(extra, 0))
 }
 
@@ -192,7 +179,7 @@ func (s *Server) noteStore(err error) {
 	case err == nil && s.ha.storeDown:
 		s.ha.storeDown = false
 		s.graceLocked()
-		s.log.Info("store reachable again; agents get their grace period", "agent_grace", s.cfg.HA.AgentGrace.D())
+		s.log.Info("store reachable again; agents get their grace period", "agent_grace", s.cfg().HA.AgentGrace.D())
 		s.kick()
 	}
 }
@@ -304,7 +291,7 @@ func (s *Server) leaderGate(next echo.HandlerFunc) echo.HandlerFunc {
 		if read && standbyRoutes[c.Path()] {
 			return next(c)
 		}
-		if st.LeaderURL != "" && !st.Leader && st.LeaderID != s.cfg.HA.BrokerID {
+		if st.LeaderURL != "" && !st.Leader && st.LeaderID != s.cfg().HA.BrokerID {
 			c.Response().Header().Set(echo.HeaderLocation, strings.TrimRight(st.LeaderURL, "/")+req.RequestURI)
 			var body errorBody
 			body.Error.Code = "not_leader"

@@ -79,7 +79,7 @@ func newHAHarness(t *testing.T) (*harness, *fakeElector) {
 // win makes the broker lead with token.
 func (h *harness) win(el *fakeElector, token uint64) {
 	h.t.Helper()
-	el.set(broker.LeaderStatus{Leader: true, Token: token, LeaderID: h.srv.cfg.HA.BrokerID, LeaderURL: h.srv.cfg.HA.PeerURL})
+	el.set(broker.LeaderStatus{Leader: true, Token: token, LeaderID: h.srv.cfg().HA.BrokerID, LeaderURL: h.srv.cfg().HA.PeerURL})
 	if err := h.srv.takeOver(context.Background(), token); err != nil {
 		h.t.Fatal(err)
 	}
@@ -336,11 +336,11 @@ func TestLeadRunsTasksPerTerm(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	el.set(broker.LeaderStatus{Leader: true, Token: 7, LeaderURL: h.srv.cfg.HA.PeerURL})
+	el.set(broker.LeaderStatus{Leader: true, Token: 7, LeaderURL: h.srv.cfg().HA.PeerURL})
 	waitTerm(7)
 	el.set(broker.LeaderStatus{LeaderURL: otherLeader})
 	waitTerm(0)
-	el.set(broker.LeaderStatus{Leader: true, Token: 9, LeaderURL: h.srv.cfg.HA.PeerURL})
+	el.set(broker.LeaderStatus{Leader: true, Token: 9, LeaderURL: h.srv.cfg().HA.PeerURL})
 	waitTerm(9)
 	cancel()
 	select {

@@ -36,7 +36,7 @@ func errTooMany(retryAfter int, format string, args ...any) *apiError {
 // admitSubmit takes one submit from team's bucket, or says how long to
 // wait. It also refuses a team at its pending cap.
 func (s *Server) admitSubmit(team string) error {
-	lim := s.cfg.Limits
+	lim := s.cfg().Limits
 	now := s.clock.Now()
 	l := &s.limits
 	l.mu.Lock()
@@ -77,7 +77,7 @@ func (s *Server) checkPendingRoom(team string, n int) error {
 }
 
 func (s *Server) pendingRoomLocked(team string, n int) error {
-	capN := s.cfg.Limits.MaxPendingPerTeam
+	capN := s.cfg().Limits.MaxPendingPerTeam
 	if have := s.limits.pending[team]; have+n > capN {
 		s.metrics.limited.WithLabelValues("pending_cap").Inc()
 		return errTooMany(30, "team %s has %d pending jobs and asks for %d more, past the %d limits.maxPendingPerTeam allows; wait for some to start or cancel some", team, have, n, capN)

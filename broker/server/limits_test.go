@@ -32,7 +32,7 @@ func (h *harness) submitCode(token, spec string) (int, http.Header) {
 // refills with the (injected) clock.
 func TestFinding6TeamSubmitRate(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Limits.SubmitsPerMinute, h.srv.cfg.Limits.SubmitBurst = 60, 5
+	h.srv.cfg().Limits.SubmitsPerMinute, h.srv.cfg().Limits.SubmitBurst = 60, 5
 	for i := 0; i < 5; i++ {
 		if code, _ := h.submitCode(tokAlice, oneGPU); code != http.StatusCreated {
 			t.Fatalf("submit %d within the burst: %d", i, code)
@@ -62,7 +62,7 @@ func TestFinding6TeamSubmitRate(t *testing.T) {
 // leaves pending; the cap counts only that team.
 func TestFinding6PendingCap(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Limits.MaxPendingPerTeam = 3
+	h.srv.cfg().Limits.MaxPendingPerTeam = 3
 	var ids []string
 	for i := 0; i < 3; i++ {
 		ids = append(ids, h.submit(tokAlice, oneGPU).ID)
@@ -82,7 +82,7 @@ func TestFinding6PendingCap(t *testing.T) {
 	}
 	// The count survives a restart.
 	h.restart()
-	h.srv.cfg.Limits.MaxPendingPerTeam = 3
+	h.srv.cfg().Limits.MaxPendingPerTeam = 3
 	if code, _ := h.submitCode(tokAlice, oneGPU); code != http.StatusTooManyRequests {
 		t.Fatalf("after a restart at the cap: %d", code)
 	}
@@ -91,7 +91,7 @@ func TestFinding6PendingCap(t *testing.T) {
 // serveLoopback runs the broker's real HTTP server on 127.0.0.1.
 func serveLoopback(t *testing.T, h *harness) string {
 	t.Helper()
-	h.srv.cfg.TLS.Insecure = true
+	h.srv.cfg().TLS.Insecure = true
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -118,8 +118,8 @@ func closedWithin(conn net.Conn, d time.Duration) (string, bool) {
 // connection does not stay held.
 func TestFinding7SlowRequests(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Limits.ReadTimeout = broker.Duration(300 * time.Millisecond)
-	h.srv.cfg.Limits.ReadHeaderTimeout = broker.Duration(300 * time.Millisecond)
+	h.srv.cfg().Limits.ReadTimeout = broker.Duration(300 * time.Millisecond)
+	h.srv.cfg().Limits.ReadHeaderTimeout = broker.Duration(300 * time.Millisecond)
 	addr := serveLoopback(t, h)
 
 	slowBody, err := net.Dial("tcp", addr)
@@ -152,7 +152,7 @@ func TestFinding7SlowRequests(t *testing.T) {
 // route without a cap of its own.
 func TestBodyCapEveryRoute(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Limits.MaxBodyBytes = broker.Quantity(2 << 10)
+	h.srv.cfg().Limits.MaxBodyBytes = broker.Quantity(2 << 10)
 	big := `{"limit": "` + strings.Repeat("1", 4<<10) + `"}`
 	if code := h.do("PUT", "/v1/budgets/global", tokAdmin, big, nil); code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("big budget body: %d", code)

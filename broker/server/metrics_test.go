@@ -57,7 +57,7 @@ func exported(t *testing.T) (names []string, types map[string]dto.MetricType) {
 	a.util = &util
 	j := h.submit(tokAlice, `{"resources": {"gpus": 2}, "priority": "low", "preemptible": true, "timeout": "1h", "command": ["a"]}`)
 	h.settle(a)
-	h.srv.cfg.Idle.Window = 0
+	h.srv.cfg().Idle.Window = 0
 	h.advance(2*time.Second, a)
 	h.do("POST", "/v1/jobs/"+j.ID+"/units", tokAlice, `{"units": 10, "kind": "samples"}`, nil)
 	high := h.submit(tokBob, `{"resources": {"gpus": 2}, "priority": "high", "timeout": "1h", "command": ["b"]}`)

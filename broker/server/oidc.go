@@ -74,7 +74,7 @@ var errNoOIDC = newError(http.StatusNotFound, "not_configured", "this broker has
 // oidcProvider discovers the provider once (lazily: a provider that is
 // down does not stop the broker from starting).
 func (s *Server) oidcProvider(ctx context.Context) (*oidc.Provider, string, error) {
-	if s.cfg.OIDC.Issuer == "" {
+	if s.cfg().OIDC.Issuer == "" {
 		return nil, "", errNoOIDC
 	}
 	s.oidc.mu.Lock()
@@ -82,9 +82,9 @@ func (s *Server) oidcProvider(ctx context.Context) (*oidc.Provider, string, erro
 	if s.oidc.provider != nil {
 		return s.oidc.provider, s.oidc.device, nil
 	}
-	p, err := oidc.NewProvider(oidc.ClientContext(ctx, s.oidcHTTP()), s.cfg.OIDC.Issuer)
+	p, err := oidc.NewProvider(oidc.ClientContext(ctx, s.oidcHTTP()), s.cfg().OIDC.Issuer)
 	if err != nil {
-		return nil, "", newError(http.StatusBadGateway, "oidc_unavailable", "the OIDC provider %s: %v", s.cfg.OIDC.Issuer, err)
+		return nil, "", newError(http.StatusBadGateway, "oidc_unavailable", "the OIDC provider %s: %v", s.cfg().OIDC.Issuer, err)
 	}
 	var extra struct {
 		Device string `json:"device_authorization_endpoint"`
@@ -103,8 +103,8 @@ func (s *Server) oidcHTTP() *http.Client {
 }
 
 func (s *Server) oauthConfig(p *oidc.Provider) *oauth2.Config {
-	return &oauth2.Config{ClientID: s.cfg.OIDC.ClientID, ClientSecret: s.cfg.OIDC.ClientSecret, Endpoint: p.Endpoint(),
-		RedirectURL: strings.TrimRight(s.cfg.AdvertiseURL, "/") + "/v1/login/callback",
+	return &oauth2.Config{ClientID: s.cfg().OIDC.ClientID, ClientSecret: s.cfg().OIDC.ClientSecret, Endpoint: p.Endpoint(),
+		RedirectURL: strings.TrimRight(s.cfg().AdvertiseURL, "/") + "/v1/login/callback",
 		Scopes:      []string{oidc.ScopeOpenID, "profile", "email", "groups"}}
 }
 
@@ -115,7 +115,7 @@ func (s *Server) loginConfig(c echo.Context) error {
 		return err
 	}
 	oc := s.oauthConfig(p)
-	return c.JSON(http.StatusOK, LoginConfig{Issuer: s.cfg.OIDC.Issuer, ClientID: oc.ClientID, DeviceAuthorizationEndpoint: device,
+	return c.JSON(http.StatusOK, LoginConfig{Issuer: s.cfg().OIDC.Issuer, ClientID: oc.ClientID, DeviceAuthorizationEndpoint: device,
 		TokenEndpoint: p.Endpoint().TokenURL, Scopes: oc.Scopes})
 }
 
@@ -140,7 +140,7 @@ func (s *Server) sessionFor(c echo.Context, rawIDToken string) (*LoginAnswer, er
 		return nil, err
 	}
 	now := s.clock.Now()
-	v := p.Verifier(&oidc.Config{ClientID: s.cfg.OIDC.ClientID, Now: s.clock.Now})
+	v := p.Verifier(&oidc.Config{ClientID: s.cfg().OIDC.ClientID, Now: s.clock.Now})
 	tok, err := v.Verify(oidc.ClientContext(ctx, s.oidcHTTP()), rawIDToken)
 	if err != nil {
 		return nil, newError(http.StatusUnauthorized, "unauthorized", "the ID token does not verify: %v", err)
@@ -149,14 +149,14 @@ func (s *Server) sessionFor(c echo.Context, rawIDToken string) (*LoginAnswer, er
 	if err := tok.Claims(&claims); err != nil {
 		return nil, newError(http.StatusUnauthorized, "unauthorized", "the ID token's claims: %v", err)
 	}
-	pr, ok := mapClaims(s.cfg.OIDC.Rules, claims)
+	pr, ok := mapClaims(s.cfg().OIDC.Rules, claims)
 	if !ok {
 		return nil, errForbidden("no oidc rule admits %s; ask an operator to add one", tok.Subject)
 	}
 	pr.Name = personName(claims, tok.Subject)
 	id := s.ids.next(now)
 	secret := newSecret(sessionPrefix, id)
-	sess := Session{ID: id, Principal: pr, Subject: tok.Subject, IssuedAt: now, ExpiresAt: now.Add(s.cfg.OIDC.SessionTTL.D())}
+	sess := Session{ID: id, Principal: pr, Subject: tok.Subject, IssuedAt: now, ExpiresAt: now.Add(s.cfg().OIDC.SessionTTL.D())}
 	raw, err := json.Marshal(sess)
 	if err != nil {
 		return nil, err
@@ -248,7 +248,7 @@ func (s *Server) loginStart(c echo.Context) error {
 	_, _ = rand.Read(b)
 	state := base64.RawURLEncoding.EncodeToString(b)
 	c.SetCookie(&http.Cookie{Name: "spillway_oidc_state", Value: state, Path: "/v1/login/", MaxAge: 600,
-		HttpOnly: true, Secure: strings.HasPrefix(s.cfg.AdvertiseURL, "https://"), SameSite: http.SameSiteLaxMode})
+		HttpOnly: true, Secure: strings.HasPrefix(s.cfg().AdvertiseURL, "https://"), SameSite: http.SameSiteLaxMode})
 	return c.Redirect(http.StatusFound, s.oauthConfig(p).AuthCodeURL(state))
 }
 

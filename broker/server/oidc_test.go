@@ -19,12 +19,12 @@ func oidcHarness(t *testing.T) (*harness, *oidctest.Provider) {
 	t.Cleanup(p.Close)
 	h := newHarness(t)
 	p.Now = h.clock.Now
-	h.srv.cfg.OIDC = config.OIDC{Issuer: p.URL, ClientID: "spillway", ClientSecret: "client-secret-0123",
+	h.srv.cfg().OIDC = config.OIDC{Issuer: p.URL, ClientID: "spillway", ClientSecret: "client-secret-0123",
 		SessionTTL: broker.Duration(time.Hour), Rules: []config.OIDCRule{
 			{Claim: "groups", Value: "ml-ops", Role: config.RoleOperator},
 			{Claim: "groups", Value: "ml-nlp", Role: config.RoleUser, Team: "nlp"},
 		}}
-	h.srv.cfg.AdvertiseURL = h.http.URL
+	h.srv.cfg().AdvertiseURL = h.http.URL
 	return h, p
 }
 

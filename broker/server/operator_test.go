@@ -141,10 +141,10 @@ func TestTokensListRevokeReload(t *testing.T) {
 		t.Fatalf("a revoked token works after a restart: %d", code)
 	}
 	assertAudit(t, h, "token.revoke")
-	tokens := append([]config.Token{}, h.srv.cfg.Auth.Tokens...)
+	tokens := append([]config.Token{}, h.srv.cfg().Auth.Tokens...)
 	tokens = slices.DeleteFunc(tokens, func(tk config.Token) bool { return tk.Name == "alice" })
 	tokens = append(tokens, config.Token{Name: "carol", Role: config.RoleUser, Team: "nlp", Token: "carol-token-0123456789"})
-	h.srv.ReloadTokens(tokens)
+	h.srv.reloadTokens(tokens)
 	if code := h.do("GET", "/v1/jobs", tokAlice, nil, nil); code != http.StatusUnauthorized {
 		t.Fatalf("a token removed by a reload works: %d", code)
 	}

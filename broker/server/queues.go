@@ -40,9 +40,9 @@ type WaitingJob struct {
 func (s *Server) listQueues(c echo.Context) error {
 	p := principal(c)
 	s.mu.Lock()
-	views := make([]QueueView, 0, len(s.cfg.Queues))
+	views := make([]QueueView, 0, len(s.cfg().Queues))
 	index := map[string]int{}
-	for i, q := range s.cfg.Queues {
+	for i, q := range s.cfg().Queues {
 		views = append(views, QueueView{Queue: q, Waiting: []WaitingJob{}})
 		index[q.Name] = i
 	}

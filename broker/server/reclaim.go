@@ -46,7 +46,7 @@ func (s *Server) noticeWatch(rec *broker.InstanceRecord) *agentapi.NoticeWatch {
 	if !rec.Offer.Spot {
 		return nil
 	}
-	for _, pc := range s.cfg.Providers {
+	for _, pc := range s.cfg().Providers {
 		switch {
 		case pc.AWS != nil && cmp.Or(pc.AWS.Name, "aws-"+pc.AWS.Region) == rec.Provider:
 			return &agentapi.NoticeWatch{Provider: "aws", Endpoint: pc.AWS.MetadataEndpoint}
@@ -62,8 +62,8 @@ func (s *Server) coolDownLocked(o providers.Offer, now time.Time, reason string)
 	if s.reclaim.coolDowns == nil {
 		s.reclaim.coolDowns = map[string]burst.CoolDown{}
 	}
-	s.reclaim.coolDowns[o.Key()] = burst.CoolDown{Until: now.Add(s.cfg.Burst.OfferCoolDown.D()), Reason: reason}
-	s.log.Info("offer cooling down", "offer", o.Key(), "for", s.cfg.Burst.OfferCoolDown.D(), "reason", reason)
+	s.reclaim.coolDowns[o.Key()] = burst.CoolDown{Until: now.Add(s.cfg().Burst.OfferCoolDown.D()), Reason: reason}
+	s.log.Info("offer cooling down", "offer", o.Key(), "for", s.cfg().Burst.OfferCoolDown.D(), "reason", reason)
 }
 
 // noteCapacityError cools an offer down after the provider refused it.

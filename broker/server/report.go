@@ -64,9 +64,9 @@ func (s *Server) keepAllocHistoryLocked(tx broker.Tx, old, j *broker.Job, now ti
 	if !enter {
 		return nil
 	}
-	keep := s.cfg.Telemetry.HourRetention.D()
-	for _, q := range s.cfg.Queues {
-		keep = max(keep, s.cfg.Telemetry.HourRetention.D()+q.MaxTimeout.D())
+	keep := s.cfg().Telemetry.HourRetention.D()
+	for _, q := range s.cfg().Queues {
+		keep = max(keep, s.cfg().Telemetry.HourRetention.D()+q.MaxTimeout.D())
 	}
 	var stale []string
 	err := tx.Scan(BucketAllocHistory, "", fmt.Sprintf("%013d", now.Add(-keep).UnixMilli()), func(k string, _ []byte) error {
@@ -303,14 +303,14 @@ type heldCard struct {
 
 func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team string, res broker.Resolution) (*UtilizationReport, error) {
 	now := s.clock.Now()
-	r := &s.cfg.Reports
+	r := &s.cfg().Reports
 	if res == "" {
 		res = broker.Minute
-		if p.From.Before(now.Add(-s.cfg.Telemetry.MinuteRetention.D() + time.Minute)) {
+		if p.From.Before(now.Add(-s.cfg().Telemetry.MinuteRetention.D() + time.Minute)) {
 			res = broker.Hour
 		}
 	}
-	threshold := s.cfg.Idle.Threshold
+	threshold := s.cfg().Idle.Threshold
 	rep := &UtilizationReport{Period: p, Team: team, Resolution: res, IdleThreshold: threshold, Rows: []UtilRow{},
 		IdleHolders: []IdleHolder{}, IdleCards: []IdleCard{},
 		Shifts: ShiftRules{TimeZone: r.Location().String(), DayStart: *r.DayStart, DayEnd: *r.DayEnd, Weekend: r.Weekend}}

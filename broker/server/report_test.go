@@ -131,7 +131,7 @@ func rowsSum(rows []UtilRow) int64 {
 // and the pieces add up to the entries exactly.
 func TestUtilReportSplitsShifts(t *testing.T) {
 	h := newHarness(t)
-	cfg := h.srv.cfg
+	cfg := h.srv.cfg()
 	cfg.Reports.TimeZone = "Asia/Kolkata" // +05:30: hours fall mid-slice in UTC
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

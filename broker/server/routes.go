@@ -57,6 +57,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	// Operator controls (operator.go, tokens.go).
 	v1.GET("/tokens", s.listTokens, ops)
 	v1.DELETE("/tokens/:name", s.revokeToken, ops)
+	v1.POST("/config/reload", s.reloadConfig, ops)
 	v1.POST("/nodes/:name/cordon", s.nodeControl("cordon"), ops)
 	v1.POST("/nodes/:name/drain", s.nodeControl("drain"), ops)
 	v1.POST("/nodes/:name/undrain", s.nodeControl("undrain"), ops)

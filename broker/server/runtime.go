@@ -83,7 +83,7 @@ func (s *Server) uploadPath(hash string) (string, error) {
 	if !uploadHashRe.MatchString(hash) {
 		return "", newError(http.StatusBadRequest, broker.CodeInvalid, "upload hash must be sha256:<64 hex digits>")
 	}
-	return filepath.Join(s.cfg.DataDir, "uploads", strings.TrimPrefix(hash, "sha256:")+".tar.gz"), nil
+	return filepath.Join(s.cfg().DataDir, "uploads", strings.TrimPrefix(hash, "sha256:")+".tar.gz"), nil
 }
 
 // checkUpload refuses a spec naming an archive the broker does not hold.
@@ -175,9 +175,9 @@ func (s *Server) getUpload(c echo.Context) error {
 // operator configured for its provider, plus the queue's most-used images
 // to pull while the machine comes up (oci only).
 func (s *Server) burstRuntime(provider string) *jobrt.Config {
-	rt := s.cfg.Burst.RuntimeFor(provider)
+	rt := s.cfg().Burst.RuntimeFor(provider)
 	if rt.Kind == jobrt.KindOCI {
-		rt.PrePull = s.topImages(cmp.Or(s.cfg.Burst.PrePullImages, 3))
+		rt.PrePull = s.topImages(cmp.Or(s.cfg().Burst.PrePullImages, 3))
 	}
 	return &rt
 }

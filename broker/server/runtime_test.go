@@ -14,7 +14,7 @@ import (
 
 func TestMountOutsideAllowListIs400NamingTheSource(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Mounts = []broker.MountRule{{Source: "/data/datasets", ReadOnly: true}}
+	h.srv.cfg().Mounts = []broker.MountRule{{Source: "/data/datasets", ReadOnly: true}}
 	var e struct {
 		Error struct{ Code, Message, Field string } `json:"error"`
 	}

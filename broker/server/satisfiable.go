@@ -22,7 +22,7 @@ func (s *Server) unsatisfiableLocked(spec broker.Spec) error {
 	if want == "" || len(s.nodes) == 0 {
 		return nil
 	}
-	if spec.Burst != broker.BurstNever && len(s.cfg.Providers) > 0 && s.burst.offersAt.IsZero() {
+	if spec.Burst != broker.BurstNever && len(s.cfg().Providers) > 0 && s.burst.offersAt.IsZero() {
 		return nil // the offers are not known yet
 	}
 	var models []string
@@ -51,7 +51,7 @@ func (s *Server) unsatisfiableLocked(spec broker.Spec) error {
 	}
 	slices.Sort(models)
 	where := "no node"
-	if spec.Burst != broker.BurstNever && len(s.cfg.Providers) > 0 {
+	if spec.Burst != broker.BurstNever && len(s.cfg().Providers) > 0 {
 		where = "no node and no cloud offer"
 	}
 	e := newError(http.StatusBadRequest, CodeUnsatisfiable, "%s has gpuModel %s (known: %s); the job would wait forever",

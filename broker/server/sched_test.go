@@ -99,7 +99,7 @@ func TestSchedFairShareUsageSurvivesRestart(t *testing.T) {
 	h.clock.Step(time.Hour)
 	a.sync()
 	h.cycle()
-	halfLife := h.srv.cfg.Scheduler.FairShareHalfLife.D()
+	halfLife := h.srv.cfg().Scheduler.FairShareHalfLife.D()
 	want := sched.Usage{At: t0}.AddHeld(8, t0, t0.Add(time.Hour), halfLife).GPUSeconds
 	before := h.srv.scheduling.ledger.teams["nlp"]
 	if math.Abs(before.GPUSeconds-want) > 1e-6*want || want < 8*3600*0.99 {

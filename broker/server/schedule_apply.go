@@ -55,7 +55,7 @@ func (s *Server) schedulingLocked(ctx context.Context) (*scheduling, error) {
 	if sc.ledger != nil {
 		return sc, nil
 	}
-	l := &usageLedger{halfLife: s.cfg.Scheduler.FairShareHalfLife.D(), teams: map[string]sched.Usage{}}
+	l := &usageLedger{halfLife: s.cfg().Scheduler.FairShareHalfLife.D(), teams: map[string]sched.Usage{}}
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		return tx.Scan(broker.BucketUsage, "", "", func(team string, raw []byte) error {
 			var u sched.Usage
@@ -77,7 +77,7 @@ func (s *Server) schedulingLocked(ctx context.Context) (*scheduling, error) {
 	}
 	l.flushedAt = l.at
 	sc.core = sched.New()
-	sc.policy = s.cfg.Policy()
+	sc.policy = s.cfg().Policy()
 	sc.ledger = l
 	return sc, nil
 }

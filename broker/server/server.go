@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -47,6 +48,9 @@ type Options struct {
 	Providers []providers.Provider
 	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
 	Bootstrap BootstrapFunc
+	// ConfigFile is the file the config came from, read again by Reload
+	// (reload.go); "" when there is none to reload.
+	ConfigFile string
 	// OIDCClient reaches the OIDC provider (tests: one that trusts the
 	// test provider's certificate).
 	OIDCClient *http.Client
@@ -54,7 +58,9 @@ type Options struct {
 
 // Server is one broker process.
 type Server struct {
-	cfg     *config.Config
+	// config is the configuration in force, swapped whole by Reload
+	// (reload.go); read it through cfg(), never keep it across a wait.
+	conf    atomic.Pointer[config.Config]
 	store   broker.Store
 	clock   clock.Clock
 	log     *slog.Logger
@@ -128,6 +134,10 @@ type Server struct {
 	// reaches it (oidc.go).
 	oidc       oidcState
 	oidcClient *http.Client
+	// work owns the goroutines a leader term starts (tasks.go).
+	work workGroup
+	// reload is what a config reload compares against (reload.go).
+	reload reloadState
 	// staticTokens are auth.tokens with their secrets hashed (auth.go).
 	staticTokens []config.Token
 }
@@ -144,7 +154,6 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		opt.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		cfg:         cfg,
 		store:       store,
 		clock:       opt.Clock,
 		log:         opt.Logger,
@@ -163,9 +172,11 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		nodeWake:    map[string]chan struct{}{},
 		schedWake:   make(chan struct{}, 1),
 	}
+	s.conf.Store(cfg)
 	s.metrics = newMetrics(opt.Registry, s)
 	s.oidcClient = opt.OIDCClient
 	s.staticTokens = hashStaticTokens(cfg.Auth.Tokens)
+	s.initReload(opt.ConfigFile)
 	if opt.Elector != nil {
 		s.initHA(opt.Elector) // state loads when a lease is won
 	} else if err := s.load(ctx); err != nil {
@@ -216,16 +227,20 @@ func (s *Server) load(ctx context.Context) error {
 	})
 }
 
+// cfg is the configuration in force. A reload swaps it whole, so one
+// call's fields always belong together.
+func (s *Server) cfg() *config.Config { return s.conf.Load() }
+
 // Handler is the HTTP handler (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.echo }
 
 // Serve runs the API on l and the scheduling loop until ctx ends, then
 // shuts down gracefully.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	lim := s.cfg.Limits
+	lim := s.cfg().Limits
 	srv := &http.Server{Handler: s.echo, ReadHeaderTimeout: lim.ReadHeaderTimeout.D(),
 		IdleTimeout: lim.IdleTimeout.D(), ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
-	if s.cfg.TLS.Enabled() {
+	if s.cfg().TLS.Enabled() {
 		tc, err := s.serverTLS()
 		if err != nil {
 			return err
@@ -234,7 +249,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	} else {
 		s.log.Warn("serving plain HTTP: tokens and job data cross the network unencrypted and agents cannot tell this broker from an impostor; set tls.certFile and tls.keyFile (docs/security.md)")
 	}
-	for _, t := range s.cfg.Auth.Tokens {
+	for _, t := range s.cfg().Auth.Tokens {
 		if t.Role == config.RoleAgent {
 			s.log.Warn("a shared agent token is configured: it may register any node name not enrolled yet; enrol nodes with join tokens instead (spillway node token create, docs/security.md)", "token", t.Name)
 		}
@@ -264,7 +279,6 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 
 // loop runs scheduling cycles every interval, or at once when woken.
 func (s *Server) loop(ctx context.Context) {
-	interval := s.cfg.Scheduler.Interval.D()
 	for {
 		t0 := time.Now()
 		if err := s.Cycle(ctx); err != nil && ctx.Err() == nil {
@@ -285,7 +299,7 @@ func (s *Server) loop(ctx context.Context) {
 				return
 			case <-time.After(min(max(took, kickCoalesceMin), kickCoalesceMax)):
 			}
-		case <-s.clock.After(interval):
+		case <-s.clock.After(s.cfg().Scheduler.Interval.D()):
 		}
 	}
 }

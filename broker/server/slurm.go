@@ -79,7 +79,7 @@ var errSlurmOff = newError(http.StatusNotFound, "slurm_not_configured", "this br
 
 func (s *Server) slurmRequest(c echo.Context) (SlurmRequest, []string, error) {
 	var req SlurmRequest
-	if s.cfg.Slurm == nil {
+	if s.cfg().Slurm == nil {
 		return req, nil, errSlurmOff
 	}
 	if err := decodeBody(c, 1<<20, &req); err != nil {
@@ -122,10 +122,10 @@ func (s *Server) slurmSuspend(c echo.Context) error {
 }
 
 func (s *Server) slurmCommands() slurm.Commands {
-	if s.cfg.Slurm == nil {
+	if s.cfg().Slurm == nil {
 		return slurm.Commands{}
 	}
-	return s.cfg.Slurm.Commands()
+	return s.cfg().Slurm.Commands()
 }
 
 // liveSlurmRecordLocked is the record backing a node that has not ended.
@@ -143,7 +143,7 @@ func (s *Server) liveSlurmRecordLocked(node string) *broker.InstanceRecord {
 // reservation in one transaction, then the launch worker. A node the
 // budget refuses, or that no offer serves, is set DOWN with the reason.
 func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []SlurmResumeJob) (SlurmResult, error) {
-	cfg := s.cfg.Slurm
+	cfg := s.cfg().Slurm
 	cmds := s.slurmCommands()
 	now := s.clock.Now()
 	s.refreshOffers(ctx, now)
@@ -262,7 +262,7 @@ func (s *Server) slurmDown(ctx context.Context, cmds slurm.Commands, node, reaso
 // node's partitions and features are read only when an entry asks.
 func (s *Server) slurmEntryFor(ctx context.Context, name string) (config.SlurmNodes, bool, error) {
 	var info *slurm.Node
-	for _, e := range s.cfg.Slurm.Nodes {
+	for _, e := range s.cfg().Slurm.Nodes {
 		if e.Names != "" {
 			names, _ := slurm.Expand(e.Names)
 			if !slices.Contains(names, name) {
@@ -422,7 +422,7 @@ func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(s.cfg.Slurm.PollEvery.D()):
+		case <-s.clock.After(s.cfg().Slurm.PollEvery.D()):
 		}
 	}
 	if ctx.Err() != nil {
@@ -459,7 +459,7 @@ func (s *Server) slurmTarget(rec *broker.InstanceRecord, prov providers.Provider
 }
 
 func (s *Server) slurmPidFile(node string) string {
-	return path.Join(cmp.Or(s.cfg.Burst.RemoteDir, bootstrap.DefaultRemoteDir), "slurmd-"+node+".pid")
+	return path.Join(cmp.Or(s.cfg().Burst.RemoteDir, bootstrap.DefaultRemoteDir), "slurmd-"+node+".pid")
 }
 
 func stopSlurmdScript(pidFile string) string {
@@ -475,7 +475,7 @@ func stopSlurmdScript(pidFile string) string {
 // slurmctld to see the node registered. It replaces the agent bootstrap
 // for records with a SlurmNode.
 func (s *Server) stepSlurmd(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) error {
-	cfg := s.cfg.Slurm
+	cfg := s.cfg().Slurm
 	if cfg == nil {
 		return &errStep{"slurm bootstrap", errors.New("the broker config has no slurm: section any more")}
 	}
@@ -596,7 +596,7 @@ kill -0 "$(cat ` + pid + `)" 2>/dev/null || { tail -n 20 "$(dirname ` + pid + `)
 // ResumeTimeout passed, or an operator) or slurm.registerTimeout ends the
 // wait with the reason.
 func (s *Server) waitSlurmRegistered(ctx context.Context, cmds slurm.Commands, id, node string) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Slurm.RegisterTimeout.D())
+	ctx, cancel := context.WithTimeout(ctx, s.cfg().Slurm.RegisterTimeout.D())
 	defer cancel()
 	var last slurm.Node
 	for {
@@ -616,7 +616,7 @@ func (s *Server) waitSlurmRegistered(ctx context.Context, cmds slurm.Commands, i
 		select {
 		case <-ctx.Done():
 			if ctx.Err() == context.DeadlineExceeded {
-				return fmt.Errorf("slurmd on %s did not register within %s (state %s)", node, s.cfg.Slurm.RegisterTimeout, cmp.Or(last.State, "unknown"))
+				return fmt.Errorf("slurmd on %s did not register within %s (state %s)", node, s.cfg().Slurm.RegisterTimeout, cmp.Or(last.State, "unknown"))
 			}
 			return ctx.Err()
 		case <-time.After(250 * time.Millisecond):
@@ -627,7 +627,7 @@ func (s *Server) waitSlurmRegistered(ctx context.Context, cmds slurm.Commands, i
 // slurmLoop reads the jobs on the burst nodes every slurm.pollEvery for the
 // ledger, and picks up suspends a previous leader left half done.
 func (s *Server) slurmLoop(ctx context.Context) {
-	if s.cfg.Slurm == nil {
+	if s.cfg().Slurm == nil {
 		return
 	}
 	s.mu.Lock()
@@ -648,7 +648,7 @@ func (s *Server) slurmLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.clock.After(s.cfg.Slurm.PollEvery.D()):
+		case <-s.clock.After(s.cfg().Slurm.PollEvery.D()):
 		}
 	}
 }

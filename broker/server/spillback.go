@@ -37,7 +37,7 @@ func (s *Server) spillInputLocked(in *burst.Input, now time.Time) {
 	if len(in.Running) == 0 {
 		return
 	}
-	rates := s.cfg.BillingCompiled().Meter.OnPrem
+	rates := s.cfg().BillingCompiled().Meter.OnPrem
 	for _, n := range s.nodes {
 		if n.Instance != "" || n.State != broker.NodeReady || n.Cordon != nil {
 			continue

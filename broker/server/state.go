@@ -315,7 +315,7 @@ func (s *Server) endedMachineLocked(name string) bool {
 // checkNodesLocked declares nodes lost when they have been silent past the
 // TTL and returns their jobs to the queue.
 func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
-	ttl := s.cfg.Agents.LostTimeout()
+	ttl := s.cfg().Agents.LostTimeout()
 	var nodes []*broker.Node
 	var jobs []*broker.Job
 	byID := map[string]*broker.Job{}

@@ -72,7 +72,7 @@ func (s *Server) recordTelemetryLocked(node string, sample *gpu.Sample, owners m
 		a.utilMax = max(a.utilMax, d.SMUtil)
 		util[d.Index] = d.SMUtil
 	}
-	threshold := s.cfg.Idle.Threshold
+	threshold := s.cfg().Idle.Threshold
 	for _, j := range s.holdingOnLocked(node) {
 		if j.State != broker.StateRunning {
 			continue
@@ -116,10 +116,10 @@ func (s *Server) flushTelemetryLocked(ctx context.Context, now time.Time) error 
 	if now.Sub(s.tele.lastPrune) >= 10*time.Minute {
 		s.tele.lastPrune = now
 		return s.store.Update(ctx, func(tx broker.Tx) error {
-			if _, err := broker.PruneTelemetry(tx, broker.Minute, now.Add(-s.cfg.Telemetry.MinuteRetention.D()), 20000); err != nil {
+			if _, err := broker.PruneTelemetry(tx, broker.Minute, now.Add(-s.cfg().Telemetry.MinuteRetention.D()), 20000); err != nil {
 				return err
 			}
-			_, err := broker.PruneTelemetry(tx, broker.Hour, now.Add(-s.cfg.Telemetry.HourRetention.D()), 20000)
+			_, err := broker.PruneTelemetry(tx, broker.Hour, now.Add(-s.cfg().Telemetry.HourRetention.D()), 20000)
 			return err
 		})
 	}
@@ -193,7 +193,7 @@ func (s *Server) rollUpHoursLocked(ctx context.Context, now time.Time) error {
 // checkIdleLocked marks jobs whose cards have been quiet for the idle
 // window, and ends them where the queue's policy says so.
 func (s *Server) checkIdleLocked(ctx context.Context, now time.Time) error {
-	window := s.cfg.Idle.Window.D()
+	window := s.cfg().Idle.Window.D()
 	var changed []*broker.Job
 	for id, j := range s.jobs {
 		if j.State != broker.StateRunning {
@@ -206,8 +206,8 @@ func (s *Server) checkIdleLocked(ctx context.Context, now time.Time) error {
 			jj := cloneJob(j)
 			t := since
 			jj.IdleSince = &t
-			detail := fmt.Sprintf("its GPUs computed under %d%% since %s", s.cfg.Idle.Threshold, since.UTC().Format(time.RFC3339))
-			if s.cfg.ReclaimsIdle(j.Spec.Queue) && jj.Stop == nil {
+			detail := fmt.Sprintf("its GPUs computed under %d%% since %s", s.cfg().Idle.Threshold, since.UTC().Format(time.RFC3339))
+			if s.cfg().ReclaimsIdle(j.Spec.Queue) && jj.Stop == nil {
 				jj.Stop = &broker.StopRequest{Reason: "idle_reclaimed", Detail: detail, Signal: jj.Spec.Checkpoint.Signal,
 					Grace: jj.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: "idle policy"}
 				s.log.Warn("reclaiming idle job", "job", id, "team", j.Spec.Team, "idle_since", since)

@@ -63,7 +63,7 @@ func TestTelemetryRetention(t *testing.T) {
 
 func TestIdleJobReportedThenReclaimed(t *testing.T) {
 	h := newHarness(t)
-	h.srv.cfg.Idle.Reclaim = []string{"inference"}
+	h.srv.cfg().Idle.Reclaim = []string{"inference"}
 	a := h.agent("n1", 8)
 	zero := 0
 	a.util = &zero

@@ -27,17 +27,17 @@ func (h *certHolder) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 // connections get the new certificate, open ones keep theirs. A pair that
 // does not load leaves the old one in place and returns the error.
 func (s *Server) ReloadTLS() error {
-	if !s.cfg.TLS.Enabled() {
+	if !s.cfg().TLS.Enabled() {
 		return nil
 	}
-	pair, err := tls.LoadX509KeyPair(s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile)
+	pair, err := tls.LoadX509KeyPair(s.cfg().TLS.CertFile, s.cfg().TLS.KeyFile)
 	if err != nil {
-		return fmt.Errorf("load tls.certFile %s and tls.keyFile %s: %w", s.cfg.TLS.CertFile, s.cfg.TLS.KeyFile, err)
+		return fmt.Errorf("load tls.certFile %s and tls.keyFile %s: %w", s.cfg().TLS.CertFile, s.cfg().TLS.KeyFile, err)
 	}
 	s.certs.mu.Lock()
 	s.certs.cert = &pair
 	s.certs.mu.Unlock()
-	s.log.Info("TLS certificate loaded", "cert", s.cfg.TLS.CertFile)
+	s.log.Info("TLS certificate loaded", "cert", s.cfg().TLS.CertFile)
 	return nil
 }
 
@@ -54,10 +54,10 @@ func (s *Server) serverTLS() (*tls.Config, error) {
 // burst machines and enrolling agents; "" when none is configured (the
 // machine then trusts its system's roots).
 func (s *Server) brokerCA() string {
-	if s.cfg.TLS.CAFile == "" {
+	if s.cfg().TLS.CAFile == "" {
 		return ""
 	}
-	b, err := os.ReadFile(s.cfg.TLS.CAFile)
+	b, err := os.ReadFile(s.cfg().TLS.CAFile)
 	if err != nil {
 		s.log.Error("read tls.caFile", "err", err)
 		return ""

@@ -48,7 +48,7 @@ func TestServeTLSAndReload(t *testing.T) {
 	h := newHarness(t)
 	dir := t.TempDir()
 	caFile, certFile, keyFile := writeCA(t, dir)
-	h.srv.cfg.TLS.CertFile, h.srv.cfg.TLS.KeyFile, h.srv.cfg.TLS.CAFile = certFile, keyFile, caFile
+	h.srv.cfg().TLS.CertFile, h.srv.cfg().TLS.KeyFile, h.srv.cfg().TLS.CAFile = certFile, keyFile, caFile
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestPlainHTTPWarns(t *testing.T) {
 func TestBurstMachineGetsBrokerCA(t *testing.T) {
 	r := newBurstRig(t)
 	caFile, _, _ := writeCA(t, t.TempDir())
-	r.srv.cfg.TLS.CAFile = caFile
+	r.srv.cfg().TLS.CAFile = caFile
 	r.fill()
 	r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
 	r.until("a machine is bootstrapped", 300, func() bool {

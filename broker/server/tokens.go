@@ -16,11 +16,11 @@ import (
 )
 
 // tokenState is the auth tokens in force: the config's (replaced by
-// ReloadTokens on SIGHUP) less those revoked through the API, which are
+// reloadTokens on SIGHUP) less those revoked through the API, which are
 // kept in the store by hash so a revocation outlives restarts and reloads.
 type tokenState struct {
 	mu      sync.RWMutex
-	tokens  []config.Token // nil: s.cfg.Auth.Tokens
+	tokens  []config.Token // nil: s.cfg().Auth.Tokens
 	revoked map[string]bool
 	loaded  bool
 }
@@ -68,9 +68,9 @@ func cmpOr(a, b []config.Token) []config.Token {
 	return b
 }
 
-// ReloadTokens replaces the config's auth tokens (spillway server on
-// SIGHUP, after the new file passed validation). Revocations stay.
-func (s *Server) ReloadTokens(tokens []config.Token) {
+// reloadTokens replaces the config's auth tokens (a config reload,
+// after the new file passed validation). Revocations stay.
+func (s *Server) reloadTokens(tokens []config.Token) {
 	ts := &s.tokenSt
 	ts.mu.Lock()
 	ts.tokens = hashStaticTokens(tokens) // kept hashed only, as at start

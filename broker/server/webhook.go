@@ -8,15 +8,16 @@ import (
 	"time"
 )
 
-// postAlert sends one alert to the webhook, retrying a few times.
-func (s *Server) postAlert(url string, body any) {
+// postAlert sends one alert to the webhook, retrying a few times while
+// ctx (the leader term's) lives.
+func (s *Server) postAlert(ctx context.Context, url string, body any) {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return
 	}
 	for attempt := 0; attempt < 3; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(raw))
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		req, err := http.NewRequestWithContext(actx, http.MethodPost, url, bytes.NewReader(raw))
 		if err == nil {
 			req.Header.Set("Content-Type", "application/json")
 			var resp *http.Response
@@ -31,6 +32,10 @@ func (s *Server) postAlert(url string, body any) {
 		}
 		cancel()
 		s.log.Warn("alert webhook failed", "url", url, "attempt", attempt+1, "err", err)
-		time.Sleep(time.Duration(attempt+1) * 2 * time.Second)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(attempt+1) * 2 * time.Second): // pacing, not ordering
+		}
 	}
 }

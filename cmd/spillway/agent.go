@@ -59,7 +59,7 @@ JSON and exits, to check a node by hand.`,
 				c.GPUs = "auto"
 			}
 			log := newLogger(g.stderr, config.Log{})
-			backend, err := backends.Open(c.GPUs, c.Name, log)
+			backend, err := backends.Open(c.GPUs, backends.Identity(c.Name, c.DataDir), log)
 			if err != nil {
 				return err
 			}

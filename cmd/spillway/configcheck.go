@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -41,6 +42,40 @@ a summary of what it sets up (exit 0). Run it before a restart.`,
 			fmt.Fprintf(g.stdout, "  listen %s, store %s, cluster %s\n", cfg.Listen, store, cfg.Cluster)
 			fmt.Fprintf(g.stdout, "  %d token(s), %d queue(s), %d priorities, %d team(s), %d provider(s)\n",
 				len(cfg.Auth.Tokens), len(cfg.Queues), len(cfg.Priorities), len(cfg.Teams), len(cfg.Providers))
+			return nil
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "reload",
+		Short: "Make the broker read its config file again, as SIGHUP does (operator; audited)",
+		Long: `Ask the broker to read its config file again and apply it. The file is
+validated whole first: a bad one changes nothing and the error names the
+field. Queues, priorities, teams and quotas, scheduler weights, burst
+thresholds, limits, idle and telemetry settings, mounts and tokens go live;
+sections that need a restart (listen, store, providers, billing, tls, oidc,
+ha, slurm) are listed when they changed. docs/operations.md, "Reloading the
+config".`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.ReloadConfig(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json() {
+				return g.printJSON(res)
+			}
+			applied := "nothing changed"
+			if len(res.Applied) > 0 {
+				applied = strings.Join(res.Applied, ", ")
+			}
+			fmt.Fprintf(g.stdout, "%s reloaded: applied %s\n", res.File, applied)
+			if len(res.RestartNeeded) > 0 {
+				fmt.Fprintf(g.stdout, "changed but kept until a restart: %s\n", strings.Join(res.RestartNeeded, ", "))
+			}
 			return nil
 		},
 	})

@@ -92,7 +92,7 @@ plain HTTP instead.`,
 			agentToken := devToken(cfg, config.RoleAgent)
 			for i := 0; i < agents; i++ {
 				name := fmt.Sprintf("sim-%02d", i+1)
-				backend, err := backends.Open(gpus, devSimSeed(dir, name), log)
+				backend, err := backends.Open(gpus, backends.Identity(name, filepath.Join(dir, "agents", name)), log)
 				if err != nil {
 					cancel()
 					wg.Wait()

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/user"
@@ -24,20 +22,6 @@ const (
 	devBurstPrice  = "2.00"
 	devBurstBudget = "2.50"
 )
-
-// devSimSeed seeds a dev agent's simulated card UUIDs with the node name
-// and the dev dir, so two dev brokers on one host (or a dev broker and a
-// test) never share a card UUID: the simulated cards find their processes
-// by CUDA_VISIBLE_DEVICES, and an agent cleans up processes on its cards
-// that belong to no job of its own.
-func devSimSeed(dir, name string) string {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		abs = dir
-	}
-	sum := sha256.Sum256([]byte(abs))
-	return name + "@" + hex.EncodeToString(sum[:4])
-}
 
 // devBurstDefaults gives --burst its own dir and a 2-GPU owned fleet unless
 // the flags say otherwise.

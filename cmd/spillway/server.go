@@ -28,8 +28,10 @@ func serverCmd(g *globals) *cobra.Command {
 		Long: `Run the broker: the /v1 API, the scheduler and the agents' endpoint.
 
 The configuration file is documented in docs/config.md; deploy/spillway.example.yaml
-is an annotated example. SIGHUP rereads the file and applies its auth tokens
-(spillway config check FILE first); other settings need a restart.`,
+is an annotated example. SIGHUP (or spillway config reload) reads the file
+again: queues, priorities, teams and quotas, burst thresholds, limits, tokens
+and the TLS certificate go live; a file that fails validation changes
+nothing (docs/operations.md, "Reloading the config").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfgPath == "" {
@@ -91,7 +93,7 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 		return err
 	}
 	defer st.Close()
-	opt := server.Options{Logger: log}
+	opt := server.Options{Logger: log, ConfigFile: cfgPath}
 	if rs, ok := st.(*redis.Store); ok {
 		// Brokers sharing a Redis elect one leader (docs/operations.md).
 		el, err := rs.NewElector(redis.ElectorConfig{ID: cfg.HA.BrokerID, URL: cfg.HA.PeerURL,
@@ -108,9 +110,10 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 	if err != nil {
 		return err
 	}
-	// SIGHUP reads the certificate again (a renewed one goes live without
-	// a restart) and the config's auth tokens.
-	go reloadOnHUP(ctx, srv, cfgPath, log)
+	// SIGHUP reads the certificate and the config file again: a renewed
+	// certificate, queues, quotas, burst thresholds, limits and tokens go
+	// live without a restart.
+	go reloadOnHUP(ctx, srv)
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
@@ -121,11 +124,10 @@ func runBroker(ctx context.Context, cfg *config.Config, log *slog.Logger, ready 
 	return srv.Serve(ctx, l)
 }
 
-// reloadOnHUP rereads the config file on SIGHUP and applies its auth
-// tokens (docs/operations.md, "Reloading the config"): a new token works,
-// a removed one stops working, without a restart. A file that fails
-// validation changes nothing; every other setting needs a restart.
-func reloadOnHUP(ctx context.Context, srv *server.Server, path string, log *slog.Logger) {
+// reloadOnHUP applies the config file again on SIGHUP
+// (docs/operations.md, "Reloading the config"); srv.Reload logs and
+// audits what it applied, or why it refused the file.
+func reloadOnHUP(ctx context.Context, srv *server.Server) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -134,19 +136,7 @@ func reloadOnHUP(ctx context.Context, srv *server.Server, path string, log *slog
 		case <-ctx.Done():
 			return
 		case <-hup:
-			if err := srv.ReloadTLS(); err != nil {
-				log.Error("TLS reload failed; the old certificate stays", "err", err)
-			}
-			if path == "" {
-				continue
-			}
-			cfg, err := config.Load(path)
-			if err != nil {
-				log.Error("config reload refused; nothing changed", "file", path, "err", err)
-				continue
-			}
-			srv.ReloadTokens(cfg.Auth.Tokens)
-			log.Info("config reloaded: auth tokens applied (other settings need a restart)", "file", path)
+			_, _ = srv.Reload(ctx, "SIGHUP")
 		}
 	}
 }

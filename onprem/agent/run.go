@@ -255,6 +255,7 @@ func (ag *Agent) runtimeJob(r *run, id string) *runtime.Job {
 	if a.WorkdirUpload != "" {
 		j.Prepare = func(dir string) error { return ag.unpackUpload(a.WorkdirUpload, dir) }
 	}
+	ag.handCAToJob(j)
 	return j
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/onprem/agentapi"
+	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
 	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
@@ -24,25 +25,65 @@ const pinnedCAFile = "broker-ca.pem"
 // credentialFile holds the node credential the agent got at enrolment.
 const credentialFile = "node-credential.json"
 
-// agentTLS is the agent's trust in the broker: the configured bundle
-// (caFile or ca), else the CA pinned at enrolment, else the system roots.
-func agentTLS(cfg Config) (*tls.Config, error) {
-	var ca []byte
+// brokerCA is the CA bundle the agent trusts the broker by: the
+// configured one (caFile or ca), else the CA pinned at enrolment; nil for
+// the system roots.
+func brokerCA(cfg Config) ([]byte, error) {
 	switch {
 	case cfg.CA != "":
-		ca = []byte(cfg.CA)
+		return []byte(cfg.CA), nil
 	case cfg.CAFile != "":
-		b, err := wire.ReadCA(cfg.CAFile)
-		if err != nil {
-			return nil, err
-		}
-		ca = b
+		return wire.ReadCA(cfg.CAFile)
 	default:
 		b, err := os.ReadFile(filepath.Join(cfg.DataDir, pinnedCAFile))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("read pinned broker CA: %w", err)
 		}
-		ca = b
+		return b, nil
+	}
+}
+
+// jobCAFile is where, in an attempt's directory, the job finds the
+// broker's CA (SPILLWAY_CA), so its own spillway calls (checkpoint,
+// units) trust the broker as the agent does.
+const jobCAFile = ".spillway/broker-ca.pem"
+
+// handCAToJob makes the attempt's Prepare step also write the broker's CA
+// into the attempt's directory, which then goes to the job's uid, and set
+// SPILLWAY_CA to it. Nothing is written for a plain-HTTP broker or one
+// trusted through the system roots.
+func (ag *Agent) handCAToJob(j *jobrt.Job) {
+	if !strings.HasPrefix(ag.cfg.Broker, "https://") {
+		return
+	}
+	ca, err := brokerCA(ag.cfg)
+	if err != nil || len(ca) == 0 {
+		return
+	}
+	prev := j.Prepare
+	j.Prepare = func(dir string) error {
+		if prev != nil {
+			if err := prev(dir); err != nil {
+				return err
+			}
+		}
+		p := filepath.Join(dir, jobCAFile)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("hand the broker CA to the job: %w", err)
+		}
+		if err := os.WriteFile(p, ca, 0o644); err != nil {
+			return fmt.Errorf("hand the broker CA to the job: %w", err)
+		}
+		j.Env = append(j.Env, ag.jobPaths(dir, []string{"SPILLWAY_CA=" + p})...)
+		return nil
+	}
+}
+
+// agentTLS is the agent's trust in the broker (brokerCA).
+func agentTLS(cfg Config) (*tls.Config, error) {
+	ca, err := brokerCA(cfg)
+	if err != nil {
+		return nil, err
 	}
 	tc, err := wire.ClientTLS(ca)
 	if err != nil {

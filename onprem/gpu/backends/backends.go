@@ -13,10 +13,13 @@
 package backends
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -31,9 +34,25 @@ const SpecHelp = "auto | nvml | none | sim:<count>x<model>-<memory>GB[,control=<
 // ErrBadSpec is returned for a spec string that names no backend.
 var ErrBadSpec = errors.New("bad GPU backend spec")
 
-// Open starts the backend a spec names. nodeName seeds the simulated and
-// mock UUIDs, so each node's cards are its own. An empty spec means auto.
-func Open(spec, nodeName string, log *slog.Logger) (gpu.Backend, error) {
+// Identity is what seeds a node's simulated and mock card UUIDs: its name
+// and its agent's data dir. Two agents of one name on one host (two
+// `spillway dev` brokers, say) then never share a card UUID: simulated
+// cards find their processes by CUDA_VISIBLE_DEVICES, and an agent kills
+// processes on its cards that belong to no job of its own. The same agent
+// keeps its UUIDs across restarts.
+func Identity(node, dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return node + "@" + hex.EncodeToString(sum[:4])
+}
+
+// Open starts the backend a spec names. identity (Identity) seeds the
+// simulated and mock UUIDs, so each node's cards are its own. An empty
+// spec means auto.
+func Open(spec, identity string, log *slog.Logger) (gpu.Backend, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -66,12 +85,12 @@ func Open(spec, nodeName string, log *slog.Logger) (gpu.Backend, error) {
 		}
 		return None(), nil
 	case "sim":
-		return openSim(arg, nodeName, log)
+		return openSim(arg, identity, log)
 	case "mock":
 		if arg != "dgxh100" {
 			return nil, fmt.Errorf("GPU backend %q: the only mock is mock:dgxh100: %w", spec, ErrBadSpec)
 		}
-		b, err := nvml.New(nvml.NewDGXH100Mock(nodeName), nvml.Options{Name: "mock", Log: log})
+		b, err := nvml.New(nvml.NewDGXH100Mock(identity), nvml.Options{Name: "mock", Log: log})
 		if err != nil {
 			return nil, fmt.Errorf("open GPU backend mock:dgxh100: %w", err)
 		}
@@ -81,12 +100,11 @@ func Open(spec, nodeName string, log *slog.Logger) (gpu.Backend, error) {
 }
 
 // openSim reads "8xH100-80GB[,control=DIR][,seed=S]". The seed joins the
-// node name in making the cards' UUIDs, so that simulated clusters side by
-// side on one machine (tests) never share a card.
-func openSim(arg, nodeName string, log *slog.Logger) (gpu.Backend, error) {
+// identity in making the cards' UUIDs.
+func openSim(arg, identity string, log *slog.Logger) (gpu.Backend, error) {
 	fleet, rest, _ := strings.Cut(arg, ",")
 	opts := sim.Options{Log: log}
-	seeded := nodeName
+	seeded := identity
 	if rest != "" {
 		for kv := range strings.SplitSeq(rest, ",") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -94,7 +112,7 @@ func openSim(arg, nodeName string, log *slog.Logger) (gpu.Backend, error) {
 			case ok && k == "control" && v != "":
 				opts.ControlDir = v
 			case ok && k == "seed" && v != "":
-				seeded = nodeName + "/" + v
+				seeded = identity + "/" + v
 			default:
 				return nil, fmt.Errorf("GPU backend sim:%s: unknown option %q (want control=<dir> or seed=<s>): %w", arg, kv, ErrBadSpec)
 			}
