@@ -69,8 +69,6 @@ type DeliveryRow struct {
 	// Starved counts waits that passed reports.starvationAfter within the
 	// period.
 	Starved int `json:"starved"`
-
-	waits, completions []time.Duration
 }
 
 // StarvingJob is a job waiting past the starvation bound now.

@@ -268,9 +268,9 @@ func dataFailVerdict(j *broker.Job) (api.ExplainVerdict, bool) {
 	last := j.History[len(j.History)-1]
 	switch last.Reason {
 	case agentapi.ReasonInputMissing:
-		return api.ExplainVerdict{VerdictInputMissing, fmt.Sprintf("The job failed before it started: %s. Check the location (and that the team's buckets allow it), then submit again; it is not retried.", last.Detail)}, true
+		return verdict(VerdictInputMissing, fmt.Sprintf("The job failed before it started: %s. Check the location (and that the team's buckets allow it), then submit again; it is not retried.", last.Detail)), true
 	case agentapi.ReasonOutputsFailed:
-		return api.ExplainVerdict{VerdictOutputs, fmt.Sprintf("The job ran, but its outputs could not be uploaded after retries (%s); check the bucket is reachable from the node and the node's credentials may write to it.", last.Detail)}, true
+		return verdict(VerdictOutputs, fmt.Sprintf("The job ran, but its outputs could not be uploaded after retries (%s); check the bucket is reachable from the node and the node's credentials may write to it.", last.Detail)), true
 	}
 	return api.ExplainVerdict{}, false
 }
@@ -280,12 +280,12 @@ func dataFailVerdict(j *broker.Job) (api.ExplainVerdict, bool) {
 func dataRunVerdict(j *broker.Job) (api.ExplainVerdict, bool) {
 	if d := j.Data; d != nil && d.Attempt == j.Attempt {
 		if msg := stagingLine(d); msg != "" && d.Phase != agentapi.PhaseRunning {
-			return api.ExplainVerdict{VerdictStaging, fmt.Sprintf("The job holds its GPUs and is %s; this time is charged as staging, apart from compute. Inputs read through the node's cache stage in a fraction of the time the next time.", msg)}, true
+			return verdict(VerdictStaging, fmt.Sprintf("The job holds its GPUs and is %s; this time is charged as staging, apart from compute. Inputs read through the node's cache stage in a fraction of the time the next time.", msg)), true
 		}
 	}
 	if w := j.DataWait; w != nil && w.Active {
-		return api.ExplainVerdict{VerdictDataWait, fmt.Sprintf("GPU waits on data: the job's cards compute %d%% while it reads %s/s from storage (since %s). Stage the data as inputs so it is read from the node's local cache (inputs with cache: true), use more data-loader workers, or prefetch.",
-			w.SMUtil, formatBytes(w.ReadBytesPerSec), w.Since.UTC().Format("15:04 UTC Jan 2"))}, true
+		return verdict(VerdictDataWait, fmt.Sprintf("GPU waits on data: the job's cards compute %d%% while it reads %s/s from storage (since %s). Stage the data as inputs so it is read from the node's local cache (inputs with cache: true), use more data-loader workers, or prefetch.",
+			w.SMUtil, formatBytes(w.ReadBytesPerSec), w.Since.UTC().Format("15:04 UTC Jan 2"))), true
 	}
 	return api.ExplainVerdict{}, false
 }

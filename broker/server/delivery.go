@@ -485,12 +485,12 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 	now := s.clock.Now()
 	bound := s.cfg.Reports.StarvationAfter.D()
 	rep := &api.DeliveryReport{Period: p, Team: team, StarvationAfter: broker.FormatDuration(bound), Rows: []api.DeliveryRow{}, Starving: []api.StarvingJob{}, Units: []api.UnitCost{}}
-	rows := map[[2]string]*api.DeliveryRow{}
-	row := func(j *broker.Job) *api.DeliveryRow {
+	rows := map[[2]string]*deliveryRow{}
+	row := func(j *broker.Job) *deliveryRow {
 		k := [2]string{j.Spec.Queue, j.Spec.Priority}
 		r := rows[k]
 		if r == nil {
-			r = &api.DeliveryRow{Queue: k[0], Priority: k[1]}
+			r = &deliveryRow{DeliveryRow: api.DeliveryRow{Queue: k[0], Priority: k[1]}}
 			rows[k] = r
 		}
 		return r
@@ -573,10 +573,11 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 		t.Preemptions += r.Preemptions
 		t.Resumes += r.Resumes
 		t.Starved += r.Starved
-		rep.Rows = append(rep.Rows, *r)
+		rep.Rows = append(rep.Rows, r.DeliveryRow)
 	}
-	rep.Total.waits, rep.Total.completions = all, allDone
-	finish(&rep.Total)
+	total := deliveryRow{DeliveryRow: rep.Total, waits: all, completions: allDone}
+	finish(&total)
+	rep.Total = total.DeliveryRow
 
 	s.mu.Lock()
 	for id, j := range s.jobs {
@@ -601,7 +602,14 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 	return rep, nil
 }
 
-func finish(r *api.DeliveryRow) {
+// deliveryRow is a row of the delivery report while it is summed: the
+// waits and completion times its summaries come from.
+type deliveryRow struct {
+	api.DeliveryRow
+	waits, completions []time.Duration
+}
+
+func finish(r *deliveryRow) {
 	r.Wait = summarise(r.waits)
 	r.Completion = summarise(r.completions)
 	if n := r.Succeeded + r.Failed + r.TimedOut; n > 0 {
@@ -609,7 +617,7 @@ func finish(r *api.DeliveryRow) {
 	}
 }
 
-func sortedRowKeys(m map[[2]string]*api.DeliveryRow) [][2]string {
+func sortedRowKeys(m map[[2]string]*deliveryRow) [][2]string {
 	keys := make([][2]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

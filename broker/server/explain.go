@@ -375,11 +375,11 @@ func (s *Server) verdict(x *api.Explanation) api.ExplainVerdict {
 	j := x.Job
 	switch j.State {
 	case broker.StateSucceeded:
-		return api.ExplainVerdict{VerdictSucceeded, fmt.Sprintf("The job finished successfully %s; nothing to do.", at(*j.EndedAt))}
+		return verdict(VerdictSucceeded, fmt.Sprintf("The job finished successfully %s; nothing to do.", at(*j.EndedAt)))
 	case broker.StateCancelled:
-		return api.ExplainVerdict{VerdictCancelled, fmt.Sprintf("The job was cancelled (%s); submit it again if that was a mistake.", lastDetail(j))}
+		return verdict(VerdictCancelled, fmt.Sprintf("The job was cancelled (%s); submit it again if that was a mistake.", lastDetail(j)))
 	case broker.StateTimedOut:
-		return api.ExplainVerdict{VerdictTimedOut, fmt.Sprintf("The job ran past its timeout of %s and was stopped; ask for a longer timeout (up to the queue's maximum) or checkpoint and resume.", j.Spec.Timeout)}
+		return verdict(VerdictTimedOut, fmt.Sprintf("The job ran past its timeout of %s and was stopped; ask for a longer timeout (up to the queue's maximum) or checkpoint and resume.", j.Spec.Timeout))
 	case broker.StateFailed:
 		if v, ok := runtimeVerdict(x); ok {
 			return v
@@ -391,26 +391,26 @@ func (s *Server) verdict(x *api.Explanation) api.ExplainVerdict {
 			return v
 		}
 		if x.Exit != nil && x.Exit.Reason == "idle_reclaimed" {
-			return api.ExplainVerdict{VerdictReclaimed, "The job was ended because its GPUs computed almost nothing for the idle window; make sure it keeps its cards busy, or run interactive work elsewhere."}
+			return verdict(VerdictReclaimed, "The job was ended because its GPUs computed almost nothing for the idle window; make sure it keeps its cards busy, or run interactive work elsewhere.")
 		}
 		if x.Exit != nil && x.Exit.Reason == "node_lost" {
-			return api.ExplainVerdict{VerdictNodeProblems, fmt.Sprintf("The job's node went silent (%s) and restartPolicy Never kept it from being requeued; submit it again.", x.Exit.Detail)}
+			return verdict(VerdictNodeProblems, fmt.Sprintf("The job's node went silent (%s) and restartPolicy Never kept it from being requeued; submit it again.", x.Exit.Detail))
 		}
-		return api.ExplainVerdict{VerdictCrashed, fmt.Sprintf("The job failed (%s); read the log tail above and `spillway logs %s`.", lastDetail(j), j.ID)}
+		return verdict(VerdictCrashed, fmt.Sprintf("The job failed (%s); read the log tail above and `spillway logs %s`.", lastDetail(j), j.ID))
 	case broker.StatePending:
 		return s.pendingVerdict(x)
 	case broker.StateProvisioning:
-		return api.ExplainVerdict{VerdictStarting, fmt.Sprintf("The job is bound to burst machine %s, which is being started for it; `spillway instances` shows each step.", dash0(j.Machine))}
+		return verdict(VerdictStarting, fmt.Sprintf("The job is bound to burst machine %s, which is being started for it; `spillway instances` shows each step.", dash0(j.Machine)))
 	case broker.StateStarting:
 		node := strings.Join(j.Nodes(), ", ")
-		return api.ExplainVerdict{VerdictStarting, fmt.Sprintf("The job was placed on %s %s and the agent is starting it; if it stays here, check that node with `spillway nodes`.", dash0(node), ago0(x.At, x.State.Since))}
+		return verdict(VerdictStarting, fmt.Sprintf("The job was placed on %s %s and the agent is starting it; if it stays here, check that node with `spillway nodes`.", dash0(node), ago0(x.At, x.State.Since)))
 	}
 	// Running.
 	if v, ok := dataRunVerdict(j); ok && j.Stop == nil {
 		return v
 	}
 	if j.Stop != nil {
-		return api.ExplainVerdict{VerdictStopping, fmt.Sprintf("The job is being stopped (%s: %s); it got %s and has %s to save its work.", j.Stop.Reason, j.Stop.Detail, j.Stop.Signal, broker.FormatDuration(j.Stop.Grace))}
+		return verdict(VerdictStopping, fmt.Sprintf("The job is being stopped (%s: %s); it got %s and has %s to save its work.", j.Stop.Reason, j.Stop.Detail, j.Stop.Signal, broker.FormatDuration(j.Stop.Grace)))
 	}
 	busy, measured, util, mem := 0, 0, 0, int64(0)
 	for _, c := range x.Cards {
@@ -429,13 +429,13 @@ func (s *Server) verdict(x *api.Explanation) api.ExplainVerdict {
 		if j.IdleSince != nil {
 			since = " since " + j.IdleSince.UTC().Format("15:04 UTC Jan 2")
 		}
-		return api.ExplainVerdict{VerdictIdle, fmt.Sprintf("The job holds %d GPU(s) and %s of GPU memory but computes almost nothing (%d%% compute)%s; check it is not stuck (data loading, a debugger, a finished notebook), and cancel it to give the cards back.",
-			len(x.Cards), gibs(mem), util/max(1, measured), since)}
+		return verdict(VerdictIdle, fmt.Sprintf("The job holds %d GPU(s) and %s of GPU memory but computes almost nothing (%d%% compute)%s; check it is not stuck (data loading, a debugger, a finished notebook), and cancel it to give the cards back.",
+			len(x.Cards), gibs(mem), util/max(1, measured), since))
 	}
 	if measured == 0 {
-		return api.ExplainVerdict{VerdictComputing, "The job is running; its node has sent no GPU telemetry yet, so whether it computes is not known — look again in a minute."}
+		return verdict(VerdictComputing, "The job is running; its node has sent no GPU telemetry yet, so whether it computes is not known — look again in a minute.")
 	}
-	return api.ExplainVerdict{VerdictComputing, fmt.Sprintf("The job is running and computing (%d%% compute on %d of %d GPUs); nothing is wrong.", util/measured, busy, len(x.Cards))}
+	return verdict(VerdictComputing, fmt.Sprintf("The job is running and computing (%d%% compute on %d of %d GPUs); nothing is wrong.", util/measured, busy, len(x.Cards)))
 }
 
 // crashVerdict names an out-of-memory or crashed last attempt; then says
@@ -447,16 +447,16 @@ func crashVerdict(x *api.Explanation, next string) (api.ExplainVerdict, bool) {
 	}
 	switch e.OOM {
 	case "gpu":
-		return api.ExplainVerdict{VerdictGPUOOM, fmt.Sprintf("The job crashed because the GPU ran out of memory (%q)%s; lower the batch size or model size, or ask for a card with more memory (resources.gpuModel) or more GPUs.", e.Evidence, next)}, true
+		return verdict(VerdictGPUOOM, fmt.Sprintf("The job crashed because the GPU ran out of memory (%q)%s; lower the batch size or model size, or ask for a card with more memory (resources.gpuModel) or more GPUs.", e.Evidence, next)), true
 	case "host":
-		return api.ExplainVerdict{VerdictHostOOM, fmt.Sprintf("The job was killed for running out of host memory (%s)%s; ask for more memory (resources.memory) or load less data at once.", e.Evidence, next)}, true
+		return verdict(VerdictHostOOM, fmt.Sprintf("The job was killed for running out of host memory (%s)%s; ask for more memory (resources.memory) or load less data at once.", e.Evidence, next)), true
 	}
 	if e.Signal != "" || (e.ExitCode != nil && *e.ExitCode != 0) {
 		what := e.Signal
 		if what == "" {
 			what = fmt.Sprintf("exit code %d", *e.ExitCode)
 		}
-		return api.ExplainVerdict{VerdictCrashed, fmt.Sprintf("The job's last attempt crashed (%s)%s; read the log tail above and `spillway logs %s --attempt %d`.", what, next, x.Job.ID, e.Attempt)}, true
+		return verdict(VerdictCrashed, fmt.Sprintf("The job's last attempt crashed (%s)%s; read the log tail above and `spillway logs %s --attempt %d`.", what, next, x.Job.ID, e.Attempt)), true
 	}
 	return api.ExplainVerdict{}, false
 }
@@ -465,7 +465,7 @@ func (s *Server) pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 	j := x.Job
 	r := j.Pending
 	if r == nil {
-		return api.ExplainVerdict{VerdictNew, "The job was just submitted and the scheduler has not looked at it yet; look again in a few seconds."}
+		return verdict(VerdictNew, "The job was just submitted and the scheduler has not looked at it yet; look again in a few seconds.")
 	}
 	c := x.Cluster
 	need := c.NeedsPerNode * c.NeedsNodes
@@ -483,7 +483,7 @@ func (s *Server) pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 		if v, ok := crashVerdict(x, next); ok {
 			return v
 		}
-		return api.ExplainVerdict{VerdictBackoff, fmt.Sprintf("The job failed and waits out its retry backoff (%s); read the log tail above.", r.Message)}
+		return verdict(VerdictBackoff, fmt.Sprintf("The job failed and waits out its retry backoff (%s); read the log tail above.", r.Message))
 	case sched.ReasonQuota:
 		t := x.Team
 		quota := ""
@@ -494,26 +494,26 @@ func (s *Server) pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 			}
 			quota += ")"
 		}
-		return api.ExplainVerdict{VerdictQuota, fmt.Sprintf("The job waits for its team's quota (%s): team %s's %d running job(s) hold %d GPUs%s, and it starts when they end — or ask an operator to raise the quota.",
-			r.Message, j.Spec.Team, t.RunningJobs, t.HeldGPUs, quota)}
+		return verdict(VerdictQuota, fmt.Sprintf("The job waits for its team's quota (%s): team %s's %d running job(s) hold %d GPUs%s, and it starts when they end — or ask an operator to raise the quota.",
+			r.Message, j.Spec.Team, t.RunningJobs, t.HeldGPUs, quota))
 	case sched.ReasonResources:
 		if c.FreeGPUs >= need && c.MostFreeOnOneNode < c.NeedsPerNode {
-			return api.ExplainVerdict{VerdictWholeNode, fmt.Sprintf("The job needs %d GPUs on one node: %d GPUs are free but spread out (at most %d on one node)%s%s; it starts when a node frees up, or ask for fewer GPUs per node (resources.gpus with resources.nodes).",
-				c.NeedsPerNode, c.FreeGPUs, c.MostFreeOnOneNode, pos, eta)}
+			return verdict(VerdictWholeNode, fmt.Sprintf("The job needs %d GPUs on one node: %d GPUs are free but spread out (at most %d on one node)%s%s; it starts when a node frees up, or ask for fewer GPUs per node (resources.gpus with resources.nodes).",
+				c.NeedsPerNode, c.FreeGPUs, c.MostFreeOnOneNode, pos, eta))
 		}
-		return api.ExplainVerdict{VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.",
-			c.HeldGPUs, c.GPUs, need, pos, eta)}
+		return verdict(VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.",
+			c.HeldGPUs, c.GPUs, need, pos, eta))
 	case sched.ReasonGang:
-		return api.ExplainVerdict{VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta)}
+		return verdict(VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta))
 	case sched.ReasonNoFit:
-		return api.ExplainVerdict{VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message)}
+		return verdict(VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message))
 	case burst.CodeBudget:
-		return api.ExplainVerdict{VerdictBurstBudget, fmt.Sprintf("On-prem GPUs are taken (%d free, it needs %d) and bursting to the cloud is blocked by the budget (%s); it waits for on-prem GPUs, or an operator raises the budget with `spillway budget set`.",
-			c.FreeGPUs, need, r.Message)}
+		return verdict(VerdictBurstBudget, fmt.Sprintf("On-prem GPUs are taken (%d free, it needs %d) and bursting to the cloud is blocked by the budget (%s); it waits for on-prem GPUs, or an operator raises the budget with `spillway budget set`.",
+			c.FreeGPUs, need, r.Message))
 	case burst.CodeBelowThreshold, burst.CodeMinWait, burst.CodeInProgress, burst.CodeNoOffer, burst.CodeCapped, burst.CodeNotEligible:
-		return api.ExplainVerdict{VerdictBurst, fmt.Sprintf("The job waits for GPUs (%d free, it needs %d) and will not burst yet: %s%s.", c.FreeGPUs, need, r.Message, pos)}
+		return verdict(VerdictBurst, fmt.Sprintf("The job waits for GPUs (%d free, it needs %d) and will not burst yet: %s%s.", c.FreeGPUs, need, r.Message, pos))
 	}
-	return api.ExplainVerdict{VerdictWaiting, fmt.Sprintf("The job waits: %s%s; nothing is wrong with it.", r.Message, eta)}
+	return verdict(VerdictWaiting, fmt.Sprintf("The job waits: %s%s; nothing is wrong with it.", r.Message, eta))
 }
 
 // explainSteps prints the walk as lines a CLI and a page show in order.
@@ -633,4 +633,9 @@ func ordinal(n int) string {
 		suffix = "rd"
 	}
 	return fmt.Sprintf("%d%s", n, suffix)
+}
+
+// verdict is an explanation's verdict: its code and the sentence for people.
+func verdict(code, sentence string) api.ExplainVerdict {
+	return api.ExplainVerdict{Code: code, Sentence: sentence}
 }

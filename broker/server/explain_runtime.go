@@ -64,13 +64,13 @@ func runtimeVerdict(x *api.Explanation) (api.ExplainVerdict, bool) {
 	j := x.Job
 	switch e.Reason {
 	case agentapi.ReasonImageNotFound:
-		return api.ExplainVerdict{VerdictImageNotFound, fmt.Sprintf("The node could not find image %s (%s); check the name and tag, or push the image where the nodes pull from. Nothing was retried.", j.Spec.Image, e.Runtime)}, true
+		return verdict(VerdictImageNotFound, fmt.Sprintf("The node could not find image %s (%s); check the name and tag, or push the image where the nodes pull from. Nothing was retried.", j.Spec.Image, e.Runtime)), true
 	case agentapi.ReasonPullDenied:
-		return api.ExplainVerdict{VerdictPullDenied, fmt.Sprintf("The registry refused to give the node image %s (%s); an operator must give the nodes credentials for it.", j.Spec.Image, e.Runtime)}, true
+		return verdict(VerdictPullDenied, fmt.Sprintf("The registry refused to give the node image %s (%s); an operator must give the nodes credentials for it.", j.Spec.Image, e.Runtime)), true
 	case agentapi.ReasonPullFailed, agentapi.ReasonRuntimeError:
-		return api.ExplainVerdict{VerdictRuntime, fmt.Sprintf("The node's runtime could not run the job: %s.", e.Runtime)}, true
+		return verdict(VerdictRuntime, fmt.Sprintf("The node's runtime could not run the job: %s.", e.Runtime)), true
 	case agentapi.ReasonOOMLimit:
-		return api.ExplainVerdict{VerdictMemoryLimit, fmt.Sprintf("The job was %s, not by a shortage on the node: raise resources.memory or make it use less.", e.Runtime)}, true
+		return verdict(VerdictMemoryLimit, fmt.Sprintf("The job was %s, not by a shortage on the node: raise resources.memory or make it use less.", e.Runtime)), true
 	}
 	return api.ExplainVerdict{}, false
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/base64"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"maps"
 	"net/http"
