@@ -5,7 +5,7 @@ BIN := bin/spillway
 # go-nvml's cgo header marks many calls deprecated; the warnings are noise.
 export CGO_CFLAGS ?= -Wno-deprecated-declarations
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/spillway-dev/spillway/broker/server.Version=$(VERSION)
+LDFLAGS := -X github.com/spillway-dev/spillway/broker/api.Version=$(VERSION)
 MODULE := github.com/spillway-dev/spillway
 
 .DEFAULT_GOAL := help
@@ -95,7 +95,7 @@ dist-nfpm:
 	set -e; for arch in $(DIST_ARCHES); do \
 		out=dist/spillway_linux_$$arch; mkdir -p $$out; \
 		CGO_ENABLED=1 GOOS=linux GOARCH=$$arch CC=$$(case $$arch in arm64) echo $(CC_arm64);; *) echo $(CC_amd64);; esac) \
-			$(GO) build -trimpath -ldflags "-s -w -X $(MODULE)/broker/server.Version=$(DIST_VERSION)" -o $$out/spillway ./cmd/spillway; \
+			$(GO) build -trimpath -ldflags "-s -w -X $(MODULE)/broker/api.Version=$(DIST_VERSION)" -o $$out/spillway ./cmd/spillway; \
 		tar -czf dist/spillway_$(DIST_VERSION)_linux_$$arch.tar.gz -C $$out spillway -C $(CURDIR) LICENSE README.md docs deploy; \
 		mkdir -p dist/.pkg && cp $$out/spillway dist/.pkg/spillway; \
 		VERSION=$(DIST_VERSION) ARCH=$$arch $(NFPM) pkg --packager deb --config deploy/package/nfpm.yaml --target dist/; \
@@ -103,12 +103,16 @@ dist-nfpm:
 	ls -l dist
 
 .PHONY: check
-check: ## gofmt, go vet, import boundaries, no InsecureIgnoreHostKey outside tests
+check: ## gofmt, go vet, import boundaries (client/api without server, binary without testing), no InsecureIgnoreHostKey outside tests
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./providers/... ./billing/... ./onprem/... \
 		| awk -F': ' '{n=split($$2, imps, " "); for (i=1;i<=n;i++) if (imps[i] ~ /^$(subst /,\/,$(MODULE))\/broker(\/|$$)/) print $$1 " imports " imps[i]}'); \
 		if [ -n "$$bad" ]; then echo "import boundary broken (providers/, billing/, onprem/ must not import broker/):"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -deps ./broker/client ./broker/api | grep -x '$(MODULE)/broker/server' || true); \
+		if [ -n "$$bad" ]; then echo "import boundary broken (broker/client and broker/api must not import broker/server):"; $(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' -deps ./broker/client | grep 'broker/server\b'; exit 1; fi
+	@bad=$$($(GO) list -deps ./cmd/spillway | grep -x testing || true); \
+		if [ -n "$$bad" ]; then echo "the spillway binary links package testing:"; $(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' -deps ./cmd/spillway | grep -w testing | grep -v '^testing'; exit 1; fi
 	@bad=$$(git grep -n 'InsecureIgnoreHostKey' -- '*.go' ':!*_test.go' ':!integration/**' || true); \
 		if [ -n "$$bad" ]; then echo "ssh.InsecureIgnoreHostKey outside tests:"; echo "$$bad"; exit 1; fi
 	@echo "check: ok"

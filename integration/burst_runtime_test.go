@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/onprem/runtime/ocitest"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // TestBurstRunImageWithWorkdir: the on-prem card is taken, so `spillway
@@ -22,11 +23,11 @@ import (
 // the queue's image, fetches the uploaded directory and runs the job in
 // the image.
 func TestBurstRunImageWithWorkdir(t *testing.T) {
-	fakecloud.RequireSSHD(t)
+	fakecloudtest.RequireSSHD(t)
 	ocitest.Require(t)
 	conf := ocitest.ContainersConf(t)
 	img := ocitest.Busybox(t, conf)
-	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -14,7 +14,8 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/integration/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // TestBurstToFakeEC2 is the burst path end to end: the on-prem card is
@@ -24,8 +25,8 @@ import (
 // runs on it, the machine goes idle and is deleted, the ledger shows the
 // cloud GPU-hours and the idle overhead, and the budget shows the spend.
 func TestBurstToFakeEC2(t *testing.T) {
-	fakecloud.RequireSSHD(t)
-	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	fakecloudtest.RequireSSHD(t)
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
@@ -161,8 +162,8 @@ func burstJobTail(t *testing.T, c *cluster, ec2 *fakecloud.EC2) {
 // with the reason, the machine is deleted, and the job goes back to the
 // queue.
 func TestBurstHostKeySwapped(t *testing.T) {
-	fakecloud.RequireSSHD(t)
-	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 1500 * time.Millisecond})
+	fakecloudtest.RequireSSHD(t)
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 1500 * time.Millisecond})
 	c, remote := burstCluster(t, ec2)
 	ctx := context.Background()
 	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {

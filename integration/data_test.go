@@ -16,8 +16,9 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/onprem/staging/s3server"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // TestCheckpointFollowsThePreemptedJobToTheCloud is preempt-to-cloud for
@@ -31,7 +32,7 @@ import (
 // in the bucket. The ledger shows the job's staging overhead apart from
 // its on-prem and its cloud GPU-hours.
 func TestCheckpointFollowsThePreemptedJobToTheCloud(t *testing.T) {
-	fakecloud.RequireSSHD(t)
+	fakecloudtest.RequireSSHD(t)
 	s3srv := s3server.Start(t)
 	s3srv.Bucket("spill")
 	ctx := context.Background()
@@ -39,7 +40,7 @@ func TestCheckpointFollowsThePreemptedJobToTheCloud(t *testing.T) {
 		Body: strings.NewReader("tokens for training")}); err != nil {
 		t.Fatal(err)
 	}
-	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")

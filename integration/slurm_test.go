@@ -17,7 +17,8 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/integration/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // slurmBins are the Debian slurm-wlm and munge programs the Slurm test runs.
@@ -322,8 +323,8 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // it, and nothing leaks.
 func TestSlurmBurst(t *testing.T) {
 	requireSlurm(t)
-	fakecloud.RequireSSHD(t)
-	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	fakecloudtest.RequireSSHD(t)
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -8,15 +8,16 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 // Submitted is the broker's answer to a submit: one job, or an array's
 // elements when the spec (or the array argument) made an array.
 type Submitted struct {
 	Job   *broker.Job
-	Array *server.ArraySubmitted
+	Array *api.ArraySubmitted
 }
 
 // SubmitArray sends a job spec (YAML or JSON) with an optional array of
@@ -44,7 +45,7 @@ func (c *Client) SubmitArray(ctx context.Context, spec []byte, array string) (*S
 	}
 	out := &Submitted{}
 	if probe.ArrayID != "" && probe.Jobs != nil {
-		out.Array = &server.ArraySubmitted{}
+		out.Array = &api.ArraySubmitted{}
 		if err := json.Unmarshal(raw, out.Array); err != nil {
 			return nil, fmt.Errorf("decode submit answer: %w", err)
 		}

@@ -16,9 +16,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/server"
 	"github.com/spillway-dev/spillway/onprem/wire"
 )
 
@@ -184,7 +185,7 @@ type ListOptions struct {
 }
 
 // Jobs lists one page of jobs, newest first.
-func (c *Client) Jobs(ctx context.Context, o ListOptions) (*server.JobList, error) {
+func (c *Client) Jobs(ctx context.Context, o ListOptions) (*api.JobList, error) {
 	q := url.Values{}
 	if len(o.States) > 0 {
 		parts := make([]string, len(o.States))
@@ -205,7 +206,7 @@ func (c *Client) Jobs(ctx context.Context, o ListOptions) (*server.JobList, erro
 	if o.Cursor != "" {
 		q.Set("cursor", o.Cursor)
 	}
-	var out server.JobList
+	var out api.JobList
 	path := "/v1/jobs"
 	if len(q) > 0 {
 		path += "?" + q.Encode()
@@ -258,9 +259,9 @@ func (c *Client) Logs(ctx context.Context, id string, o LogOptions, w io.Writer)
 }
 
 // Nodes lists the nodes with their cards.
-func (c *Client) Nodes(ctx context.Context) ([]server.NodeView, error) {
+func (c *Client) Nodes(ctx context.Context) ([]api.NodeView, error) {
 	var out struct {
-		Nodes []server.NodeView `json:"nodes"`
+		Nodes []api.NodeView `json:"nodes"`
 	}
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/nodes", nil, "", &out); err != nil {
 		return nil, err
@@ -269,8 +270,8 @@ func (c *Client) Nodes(ctx context.Context) ([]server.NodeView, error) {
 }
 
 // Whoami tells who the token is.
-func (c *Client) Whoami(ctx context.Context) (*server.Whoami, error) {
-	var out server.Whoami
+func (c *Client) Whoami(ctx context.Context) (*api.Whoami, error) {
+	var out api.Whoami
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/whoami", nil, "", &out); err != nil {
 		return nil, err
 	}
@@ -278,8 +279,8 @@ func (c *Client) Whoami(ctx context.Context) (*server.Whoami, error) {
 }
 
 // Health reads /healthz.
-func (c *Client) Health(ctx context.Context) (*server.Health, error) {
-	var out server.Health
+func (c *Client) Health(ctx context.Context) (*api.Health, error) {
+	var out api.Health
 	if err := c.getJSON(ctx, http.MethodGet, "/healthz", nil, "", &out); err != nil {
 		return nil, err
 	}
@@ -328,9 +329,9 @@ func (c *Client) Export(ctx context.Context, q BillingQuery, w io.Writer) error 
 }
 
 // Instances lists the burst machines.
-func (c *Client) Instances(ctx context.Context) ([]server.InstanceView, error) {
+func (c *Client) Instances(ctx context.Context) ([]api.InstanceView, error) {
 	var out struct {
-		Instances []server.InstanceView `json:"instances"`
+		Instances []api.InstanceView `json:"instances"`
 	}
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/instances", nil, "", &out); err != nil {
 		return nil, err
@@ -340,9 +341,9 @@ func (c *Client) Instances(ctx context.Context) ([]server.InstanceView, error) {
 
 // Offers lists the burst offers as the controller sees them, with the
 // reason any is skipped.
-func (c *Client) Offers(ctx context.Context) ([]server.OfferView, error) {
+func (c *Client) Offers(ctx context.Context) ([]api.OfferView, error) {
 	var out struct {
-		Offers []server.OfferView `json:"offers"`
+		Offers []api.OfferView `json:"offers"`
 	}
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/offers", nil, "", &out); err != nil {
 		return nil, err
@@ -351,8 +352,8 @@ func (c *Client) Offers(ctx context.Context) ([]server.OfferView, error) {
 }
 
 // Instance describes one burst machine.
-func (c *Client) Instance(ctx context.Context, id string) (*server.InstanceView, error) {
-	var out server.InstanceView
+func (c *Client) Instance(ctx context.Context, id string) (*api.InstanceView, error) {
+	var out api.InstanceView
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/instances/"+url.PathEscape(id), nil, "", &out); err != nil {
 		return nil, err
 	}
@@ -360,8 +361,8 @@ func (c *Client) Instance(ctx context.Context, id string) (*server.InstanceView,
 }
 
 // BurstPlan returns what the burst controller would do now.
-func (c *Client) BurstPlan(ctx context.Context) (*server.BurstPlan, error) {
-	var out server.BurstPlan
+func (c *Client) BurstPlan(ctx context.Context) (*api.BurstPlan, error) {
+	var out api.BurstPlan
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/burst/plan", nil, "", &out); err != nil {
 		return nil, err
 	}
@@ -369,9 +370,9 @@ func (c *Client) BurstPlan(ctx context.Context) (*server.BurstPlan, error) {
 }
 
 // Budgets lists the burst budgets with this month's money.
-func (c *Client) Budgets(ctx context.Context) ([]server.BudgetView, error) {
+func (c *Client) Budgets(ctx context.Context) ([]api.BudgetView, error) {
 	var out struct {
-		Budgets []server.BudgetView `json:"budgets"`
+		Budgets []api.BudgetView `json:"budgets"`
 	}
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/budgets", nil, "", &out); err != nil {
 		return nil, err
@@ -381,7 +382,7 @@ func (c *Client) Budgets(ctx context.Context) ([]server.BudgetView, error) {
 
 // SetBudget sets a scope's monthly burst budget ("global" or a team).
 func (c *Client) SetBudget(ctx context.Context, scope, limit string) (*broker.Budget, error) {
-	raw, _ := json.Marshal(server.BudgetRequest{Limit: limit})
+	raw, _ := json.Marshal(api.BudgetRequest{Limit: limit})
 	var out broker.Budget
 	if err := c.getJSON(ctx, http.MethodPut, "/v1/budgets/"+url.PathEscape(scope), bytes.NewReader(raw), "application/json", &out); err != nil {
 		return nil, err
@@ -390,9 +391,9 @@ func (c *Client) SetBudget(ctx context.Context, scope, limit string) (*broker.Bu
 }
 
 // Queues returns every queue with its load and waiting jobs.
-func (c *Client) Queues(ctx context.Context) ([]server.QueueView, error) {
+func (c *Client) Queues(ctx context.Context) ([]api.QueueView, error) {
 	var out struct {
-		Queues []server.QueueView `json:"queues"`
+		Queues []api.QueueView `json:"queues"`
 	}
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/queues", nil, "", &out); err != nil {
 		return nil, err

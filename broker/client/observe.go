@@ -9,12 +9,12 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/spillway-dev/spillway/broker/server"
+	"github.com/spillway-dev/spillway/broker/api"
 )
 
 // Explain fetches the troubleshooting walk of a job and its verdict.
-func (c *Client) Explain(ctx context.Context, id string) (*server.Explanation, error) {
-	var x server.Explanation
+func (c *Client) Explain(ctx context.Context, id string) (*api.Explanation, error) {
+	var x api.Explanation
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(id)+"/explain", nil, "", &x); err != nil {
 		return nil, err
 	}
@@ -43,8 +43,8 @@ func (q ReportQuery) values() url.Values {
 }
 
 // Utilization fetches the utilisation report.
-func (c *Client) Utilization(ctx context.Context, q ReportQuery) (*server.UtilizationReport, error) {
-	var rep server.UtilizationReport
+func (c *Client) Utilization(ctx context.Context, q ReportQuery) (*api.UtilizationReport, error) {
+	var rep api.UtilizationReport
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/reports/utilization?"+q.values().Encode(), nil, "", &rep); err != nil {
 		return nil, err
 	}
@@ -65,8 +65,8 @@ func (c *Client) UtilizationCSV(ctx context.Context, q ReportQuery, w io.Writer)
 }
 
 // Delivery fetches the delivery report.
-func (c *Client) Delivery(ctx context.Context, q ReportQuery) (*server.DeliveryReport, error) {
-	var rep server.DeliveryReport
+func (c *Client) Delivery(ctx context.Context, q ReportQuery) (*api.DeliveryReport, error) {
+	var rep api.DeliveryReport
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/reports/delivery?"+q.values().Encode(), nil, "", &rep); err != nil {
 		return nil, err
 	}
@@ -74,12 +74,12 @@ func (c *Client) Delivery(ctx context.Context, q ReportQuery) (*server.DeliveryR
 }
 
 // ReportUnits records units of output for a job.
-func (c *Client) ReportUnits(ctx context.Context, job string, r server.UnitsRequest) (*server.UnitsAnswer, error) {
+func (c *Client) ReportUnits(ctx context.Context, job string, r api.UnitsRequest) (*api.UnitsAnswer, error) {
 	raw, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
 	}
-	var ans server.UnitsAnswer
+	var ans api.UnitsAnswer
 	if err := c.getJSON(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(job)+"/units", bytes.NewReader(raw), "application/json", &ans); err != nil {
 		return nil, err
 	}

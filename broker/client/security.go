@@ -9,17 +9,18 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 // CreateJoinToken asks for a single-use join token (operators).
-func (c *Client) CreateJoinToken(ctx context.Context, req server.JoinTokenRequest) (*server.JoinTokenAnswer, error) {
+func (c *Client) CreateJoinToken(ctx context.Context, req api.JoinTokenRequest) (*api.JoinTokenAnswer, error) {
 	raw, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	var out server.JoinTokenAnswer
+	var out api.JoinTokenAnswer
 	if err := c.getJSON(ctx, http.MethodPost, "/v1/jointokens", bytes.NewReader(raw), "application/json", &out); err != nil {
 		return nil, err
 	}
@@ -27,9 +28,9 @@ func (c *Client) CreateJoinToken(ctx context.Context, req server.JoinTokenReques
 }
 
 // JoinTokens lists the join tokens, used or not (operators).
-func (c *Client) JoinTokens(ctx context.Context) ([]server.JoinToken, error) {
+func (c *Client) JoinTokens(ctx context.Context) ([]api.JoinToken, error) {
 	var out struct {
-		Tokens []server.JoinToken `json:"tokens"`
+		Tokens []api.JoinToken `json:"tokens"`
 	}
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/jointokens", nil, "", &out); err != nil {
 		return nil, err
@@ -94,8 +95,8 @@ func (c *Client) AuditExport(ctx context.Context, q AuditQuery, w io.Writer) err
 }
 
 // LoginConfig reads how to log in with the broker's OIDC provider.
-func (c *Client) LoginConfig(ctx context.Context) (*server.LoginConfig, error) {
-	var out server.LoginConfig
+func (c *Client) LoginConfig(ctx context.Context) (*api.LoginConfig, error) {
+	var out api.LoginConfig
 	if err := c.getJSON(ctx, http.MethodGet, "/v1/login", nil, "", &out); err != nil {
 		return nil, err
 	}
@@ -103,12 +104,12 @@ func (c *Client) LoginConfig(ctx context.Context) (*server.LoginConfig, error) {
 }
 
 // Login exchanges the provider's ID token for a broker session.
-func (c *Client) Login(ctx context.Context, idToken string) (*server.LoginAnswer, error) {
-	raw, err := json.Marshal(server.LoginRequest{IDToken: idToken})
+func (c *Client) Login(ctx context.Context, idToken string) (*api.LoginAnswer, error) {
+	raw, err := json.Marshal(api.LoginRequest{IDToken: idToken})
 	if err != nil {
 		return nil, err
 	}
-	var out server.LoginAnswer
+	var out api.LoginAnswer
 	if err := c.getJSON(ctx, http.MethodPost, "/v1/login", bytes.NewReader(raw), "application/json", &out); err != nil {
 		return nil, err
 	}

@@ -5,25 +5,18 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
 )
 
-// ArraySubmitted is the answer to an array submit: the array's id and its
-// elements' job ids, in index order.
-type ArraySubmitted struct {
-	ArrayID string   `json:"arrayId"`
-	Count   int      `json:"count"`
-	Jobs    []string `json:"jobs"`
-	Indexes []int    `json:"indexes"`
-}
-
 // submitArray stores one job per index of an array spec, all in one
 // transaction (the whole array or none of it), and answers 201 with their
 // ids. Each element is a job of its own: its own history, attempts,
 // ledger lines and SPILLWAY_ARRAY_INDEX.
-func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) error {
+func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) error {
 	idx, err := broker.ParseArray(spec.Array)
 	if err != nil {
 		return errBadRequest("array", broker.CodeInvalid, "%v", err)
@@ -33,7 +26,7 @@ func (s *Server) submitArray(c echo.Context, p Principal, spec broker.Spec) erro
 	}
 	now := s.clock.Now()
 	arrayID := s.ids.next(now)
-	out := ArraySubmitted{ArrayID: arrayID, Count: len(idx), Jobs: make([]string, len(idx)), Indexes: idx}
+	out := api.ArraySubmitted{ArrayID: arrayID, Count: len(idx), Jobs: make([]string, len(idx)), Indexes: idx}
 	jobs := make([]*broker.Job, len(idx))
 	detail := "by " + p.Name + " (array " + arrayID + ")"
 	for k := range idx {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 )
 
@@ -16,7 +18,7 @@ import (
 func TestArraySubmit(t *testing.T) {
 	h := newHarness(t)
 	a := h.agent("node-a", 8)
-	var out ArraySubmitted
+	var out api.ArraySubmitted
 	spec := `{"name":"sweep","resources":{"gpus":1},"timeout":"1h","command":["python","eval.py"],"array":"0-9"}`
 	if code := h.do("POST", "/v1/jobs", tokAlice, spec, &out); code != http.StatusCreated {
 		t.Fatalf("submit array: %d", code)
@@ -101,12 +103,12 @@ func TestArrayBadInput(t *testing.T) {
 	if code := h.do("POST", "/v1/jobs?array=0-3", tokAlice, `{"resources":{"gpus":1},"timeout":"1h","command":["true"],"array":"0-4"}`, &e); code != http.StatusBadRequest {
 		t.Fatalf("two different arrays: %d", code)
 	}
-	var l JobList
+	var l api.JobList
 	h.do("GET", "/v1/jobs", tokAdmin, nil, &l)
 	if len(l.Jobs) != 0 {
 		t.Fatalf("%d jobs stored after bad submits", len(l.Jobs))
 	}
-	var out ArraySubmitted
+	var out api.ArraySubmitted
 	if code := h.do("POST", "/v1/jobs?array=1,3,5-9:2", tokAlice, `{"resources":{"gpus":1},"timeout":"1h","command":["true"]}`, &out); code != http.StatusCreated {
 		t.Fatalf("query array: %d", code)
 	}

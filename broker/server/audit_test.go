@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
@@ -23,7 +25,7 @@ func TestAuditMutations(t *testing.T) {
 	h.do("POST", "/v1/jobs", tokAlice, `{"resources": {"gpus": -1}}`, nil) // 400
 	h.do("PUT", "/v1/budgets/global", tokAlice, `{"limit": "5"}`, nil)     // 403
 	h.do("PUT", "/v1/budgets/global", tokAdmin, `{"limit": "5"}`, nil)
-	h.do("POST", "/v1/jointokens", tokAdmin, JoinTokenRequest{}, nil)
+	h.do("POST", "/v1/jointokens", tokAdmin, api.JoinTokenRequest{}, nil)
 	a.sync()
 	h.srv.cfg().Limits.SubmitBurst, h.srv.cfg().Limits.SubmitsPerMinute = 1, 1
 	h.srv.limits.buckets = nil

@@ -6,31 +6,18 @@ import (
 	"encoding/hex"
 	"strings"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
-// Principal is who is calling: the name and role of their token, and their
-// team for role user.
-type Principal struct {
-	Name string `json:"name"`
-	Role string `json:"role"`
-	Team string `json:"team,omitempty"`
-	// Node binds a per-machine agent token to the one node it may speak
-	// for ("" for cluster-wide agent tokens from the config).
-	Node string `json:"node,omitempty"`
-	// Credential is the node credential's id (enrolled nodes), and
-	// MaxGPUs the most cards its node may report.
-	Credential string `json:"credential,omitempty"`
-	MaxGPUs    int    `json:"maxGPUs,omitempty"`
-}
-
 const principalKey = "spillway.principal"
 
-func principal(c echo.Context) Principal {
-	p, _ := c.Get(principalKey).(Principal)
+func principal(c echo.Context) api.Principal {
+	p, _ := c.Get(principalKey).(api.Principal)
 	return p
 }
 
@@ -51,14 +38,14 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, bool) {
+func (s *Server) lookupToken(ctx context.Context, secret string) (api.Principal, bool) {
 	tokens, revoked := s.activeTokens()
 	for _, t := range tokens {
 		if t.Matches(secret) {
 			if revoked[tokenHash(t)] {
-				return Principal{}, false
+				return api.Principal{}, false
 			}
-			return Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
+			return api.Principal{Name: t.Name, Role: t.Role, Team: t.Team}, true
 		}
 	}
 	// A person's login session: valid until it expires.
@@ -69,9 +56,9 @@ func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, boo
 	if strings.HasPrefix(secret, nodeCredPrefix) {
 		nc, ok := s.lookupNodeCred(ctx, secret)
 		if !ok {
-			return Principal{}, false
+			return api.Principal{}, false
 		}
-		return Principal{Name: "node " + nc.Node, Role: config.RoleAgent, Node: nc.Node, Credential: nc.ID, MaxGPUs: nc.MaxGPUs}, true
+		return api.Principal{Name: "node " + nc.Node, Role: config.RoleAgent, Node: nc.Node, Credential: nc.ID, MaxGPUs: nc.MaxGPUs}, true
 	}
 	// A burst machine's own token: valid while its record is live.
 	sum := sha256.Sum256([]byte(secret))
@@ -82,9 +69,9 @@ func (s *Server) lookupToken(ctx context.Context, secret string) (Principal, boo
 		return err
 	})
 	if err != nil || rec == nil || rec.State.Ended() || rec.State == broker.MachineTerminating {
-		return Principal{}, false
+		return api.Principal{}, false
 	}
-	return Principal{Name: "machine " + rec.ID, Role: config.RoleAgent, Node: rec.ID}, true
+	return api.Principal{Name: "machine " + rec.ID, Role: config.RoleAgent, Node: rec.ID}, true
 }
 
 // allow answers 403 unless the caller has one of roles.
@@ -104,7 +91,7 @@ func allow(roles ...string) echo.MiddlewareFunc {
 
 // canSeeTeam reports whether the caller may see a team's jobs: operators
 // see all, users their own team.
-func canSeeTeam(p Principal, team string) bool {
+func canSeeTeam(p api.Principal, team string) bool {
 	return p.Role == config.RoleOperator || (p.Role == config.RoleUser && p.Team == team)
 }
 

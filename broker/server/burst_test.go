@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
@@ -89,7 +91,7 @@ func newBurstRig(t *testing.T) *burstRig {
 
 func (r *burstRig) setBudget(scope, limit string) {
 	r.t.Helper()
-	if code := r.do("PUT", "/v1/budgets/"+scope, tokAdmin, BudgetRequest{Limit: limit}, nil); code != http.StatusOK {
+	if code := r.do("PUT", "/v1/budgets/"+scope, tokAdmin, api.BudgetRequest{Limit: limit}, nil); code != http.StatusOK {
 		r.t.Fatalf("set budget %s: %d", scope, code)
 	}
 }
@@ -227,7 +229,7 @@ func TestBurstWaitsThenLaunchesAndRuns(t *testing.T) {
 	if !strings.Contains(strings.Join(hist, ","), "pending,provisioning,starting,running") {
 		t.Fatalf("history %v", hist)
 	}
-	var v InstanceView
+	var v api.InstanceView
 	if code := r.do("GET", "/v1/instances/"+recs[0].ID, tokAdmin, nil, &v); code != 200 || len(v.Bootstrap) == 0 {
 		t.Fatalf("describe: %d %s", code, v.Bootstrap)
 	}
@@ -316,7 +318,7 @@ func TestBurstIdleScaleDownAndBilling(t *testing.T) {
 		t.Fatalf("cloud usage %d ms, overhead %d ms", usage, overhead)
 	}
 	var budgets struct {
-		Budgets []BudgetView `json:"budgets"`
+		Budgets []api.BudgetView `json:"budgets"`
 	}
 	r.do("GET", "/v1/budgets", tokAdmin, nil, &budgets)
 	for _, b := range budgets.Budgets {
@@ -362,10 +364,10 @@ func TestBurstBudgetBlocks(t *testing.T) {
 	if n := len(audit.Audit); n < 2 || audit.Audit[n-1].Target != "nlp" || audit.Audit[n-1].By != "admin" || audit.Audit[n-1].Old != "unset" {
 		t.Fatalf("audit %+v", audit.Audit)
 	}
-	if code := r.do("PUT", "/v1/budgets/nlp", tokAlice, BudgetRequest{Limit: "9"}, nil); code != http.StatusForbidden {
+	if code := r.do("PUT", "/v1/budgets/nlp", tokAlice, api.BudgetRequest{Limit: "9"}, nil); code != http.StatusForbidden {
 		t.Fatalf("user setting a budget: %d", code)
 	}
-	if code := r.do("PUT", "/v1/budgets/nlp", tokAdmin, BudgetRequest{Limit: "-5"}, nil); code != http.StatusBadRequest {
+	if code := r.do("PUT", "/v1/budgets/nlp", tokAdmin, api.BudgetRequest{Limit: "-5"}, nil); code != http.StatusBadRequest {
 		t.Fatalf("negative budget: %d", code)
 	}
 }

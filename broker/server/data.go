@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -222,24 +224,11 @@ func cacheChanged(a, b *broker.NodeCache) bool {
 	return *a != *b
 }
 
-// CheckpointReport is the body of POST /v1/jobs/{id}/checkpoint: the job
-// says it saved its work at Step.
-type CheckpointReport struct {
-	Step int64 `json:"step"`
-}
-
-// CheckpointAnswer is what the broker recorded.
-type CheckpointAnswer struct {
-	Job  string    `json:"job"`
-	Step int64     `json:"step"`
-	At   time.Time `json:"at"`
-}
-
 // reportCheckpoint serves POST /v1/jobs/{id}/checkpoint, with the job's
 // token (or a person's): preemption then counts the job's lost work from
 // now instead of from its start.
 func (s *Server) reportCheckpoint(c echo.Context) error {
-	var in CheckpointReport
+	var in api.CheckpointReport
 	if err := decodeBody(c, 4<<10, &in); err != nil {
 		return err
 	}
@@ -268,37 +257,37 @@ func (s *Server) reportCheckpoint(c echo.Context) error {
 	if err := s.commitLocked(c.Request().Context(), []*broker.Job{jj}, nil, nil); err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, CheckpointAnswer{Job: j.ID, Step: step, At: now})
+	return c.JSON(http.StatusOK, api.CheckpointAnswer{Job: j.ID, Step: step, At: now})
 }
 
 // dataFailVerdict explains a job that failed on its data.
-func dataFailVerdict(j *broker.Job) (ExplainVerdict, bool) {
+func dataFailVerdict(j *broker.Job) (api.ExplainVerdict, bool) {
 	if len(j.History) == 0 {
-		return ExplainVerdict{}, false
+		return api.ExplainVerdict{}, false
 	}
 	last := j.History[len(j.History)-1]
 	switch last.Reason {
 	case agentapi.ReasonInputMissing:
-		return ExplainVerdict{VerdictInputMissing, fmt.Sprintf("The job failed before it started: %s. Check the location (and that the team's buckets allow it), then submit again; it is not retried.", last.Detail)}, true
+		return verdict(VerdictInputMissing, fmt.Sprintf("The job failed before it started: %s. Check the location (and that the team's buckets allow it), then submit again; it is not retried.", last.Detail)), true
 	case agentapi.ReasonOutputsFailed:
-		return ExplainVerdict{VerdictOutputs, fmt.Sprintf("The job ran, but its outputs could not be uploaded after retries (%s); check the bucket is reachable from the node and the node's credentials may write to it.", last.Detail)}, true
+		return verdict(VerdictOutputs, fmt.Sprintf("The job ran, but its outputs could not be uploaded after retries (%s); check the bucket is reachable from the node and the node's credentials may write to it.", last.Detail)), true
 	}
-	return ExplainVerdict{}, false
+	return api.ExplainVerdict{}, false
 }
 
 // dataRunVerdict explains a running job that is staging, or whose GPUs
 // wait on data.
-func dataRunVerdict(j *broker.Job) (ExplainVerdict, bool) {
+func dataRunVerdict(j *broker.Job) (api.ExplainVerdict, bool) {
 	if d := j.Data; d != nil && d.Attempt == j.Attempt {
 		if msg := stagingLine(d); msg != "" && d.Phase != agentapi.PhaseRunning {
-			return ExplainVerdict{VerdictStaging, fmt.Sprintf("The job holds its GPUs and is %s; this time is charged as staging, apart from compute. Inputs read through the node's cache stage in a fraction of the time the next time.", msg)}, true
+			return verdict(VerdictStaging, fmt.Sprintf("The job holds its GPUs and is %s; this time is charged as staging, apart from compute. Inputs read through the node's cache stage in a fraction of the time the next time.", msg)), true
 		}
 	}
 	if w := j.DataWait; w != nil && w.Active {
-		return ExplainVerdict{VerdictDataWait, fmt.Sprintf("GPU waits on data: the job's cards compute %d%% while it reads %s/s from storage (since %s). Stage the data as inputs so it is read from the node's local cache (inputs with cache: true), use more data-loader workers, or prefetch.",
-			w.SMUtil, formatBytes(w.ReadBytesPerSec), w.Since.UTC().Format("15:04 UTC Jan 2"))}, true
+		return verdict(VerdictDataWait, fmt.Sprintf("GPU waits on data: the job's cards compute %d%% while it reads %s/s from storage (since %s). Stage the data as inputs so it is read from the node's local cache (inputs with cache: true), use more data-loader workers, or prefetch.",
+			w.SMUtil, formatBytes(w.ReadBytesPerSec), w.Since.UTC().Format("15:04 UTC Jan 2"))), true
 	}
-	return ExplainVerdict{}, false
+	return api.ExplainVerdict{}, false
 }
 
 // stagingLine is "staging inputs 3.1/10 GB" for a job's data state.
@@ -393,38 +382,23 @@ func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// DataWaitJob is a job of the utilisation report whose GPUs waited on
-// data: low compute while it read from storage.
-type DataWaitJob struct {
-	Job             string    `json:"job"`
-	Team            string    `json:"team"`
-	Since           time.Time `json:"since"`
-	Last            time.Time `json:"last"`
-	Active          bool      `json:"active"`
-	SMUtil          int       `json:"smUtil"`
-	ReadBytesPerSec int64     `json:"readBytesPerSec"`
-	// Flag and Hint are for people: "GPU waits on data" and what to do.
-	Flag string `json:"flag"`
-	Hint string `json:"hint"`
-}
-
 const dataWaitHint = "stage the data as inputs with cache: true so it is read from the node's local cache; more data-loader workers or prefetching also help"
 
 // dataWaits lists the jobs the broker holds whose data wait overlaps the
 // period (of one team, or all when team is empty), longest first.
-func (s *Server) dataWaits(p billing.Period, team string) []DataWaitJob {
+func (s *Server) dataWaits(p billing.Period, team string) []api.DataWaitJob {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := []DataWaitJob{}
+	out := []api.DataWaitJob{}
 	for _, j := range s.jobs {
 		w := j.DataWait
 		if w == nil || (team != "" && j.Spec.Team != team) || !w.Last.After(p.From) || !w.Since.Before(p.To) {
 			continue
 		}
-		out = append(out, DataWaitJob{Job: j.ID, Team: j.Spec.Team, Since: w.Since, Last: w.Last, Active: w.Active, SMUtil: w.SMUtil,
+		out = append(out, api.DataWaitJob{Job: j.ID, Team: j.Spec.Team, Since: w.Since, Last: w.Last, Active: w.Active, SMUtil: w.SMUtil,
 			ReadBytesPerSec: w.ReadBytesPerSec, Flag: "GPU waits on data", Hint: dataWaitHint})
 	}
-	slices.SortFunc(out, func(a, b DataWaitJob) int {
+	slices.SortFunc(out, func(a, b api.DataWaitJob) int {
 		if da, db := a.Last.Sub(a.Since), b.Last.Sub(b.Since); da != db {
 			return cmp.Compare(db, da)
 		}

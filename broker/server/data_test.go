@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
@@ -72,7 +74,7 @@ func TestStagingIsReportedChargedApartAndTheJobReportsItsCheckpointStep(t *testi
 	h.advance(150*time.Second, a)
 
 	// "checkpoint saved at step 1200", with the job's token.
-	var ans CheckpointAnswer
+	var ans api.CheckpointAnswer
 	if code := h.do("POST", "/v1/jobs/"+j.ID+"/checkpoint", as.Env["SPILLWAY_JOB_TOKEN"], `{"step": 1200}`, &ans); code != http.StatusOK || ans.Step != 1200 {
 		t.Fatalf("checkpoint report: %d %+v", code, ans)
 	}
@@ -135,7 +137,7 @@ func TestAMissingInputFailsTheJobOnceWithItsURI(t *testing.T) {
 	if last.Reason != "input_missing" || !strings.Contains(last.Detail, "s3://nlp-data/sets/v1/") {
 		t.Fatalf("last transition %+v", last)
 	}
-	var x Explanation
+	var x api.Explanation
 	if code := h.do("GET", "/v1/jobs/"+j.ID+"/explain", tokAlice, nil, &x); code != http.StatusOK {
 		t.Fatal(code)
 	}
@@ -162,12 +164,12 @@ func TestGPUWaitsOnDataIsFlagged(t *testing.T) {
 	if got.DataWait == nil || !got.DataWait.Active || got.DataWait.ReadBytesPerSec < 50<<20 {
 		t.Fatalf("data wait %+v", got.DataWait)
 	}
-	var x Explanation
+	var x api.Explanation
 	h.do("GET", "/v1/jobs/"+j.ID+"/explain", tokAlice, nil, &x)
 	if x.Verdict.Code != VerdictDataWait || !strings.Contains(x.Verdict.Sentence, "GPU waits on data") || !strings.Contains(x.Verdict.Sentence, "cache") {
 		t.Fatalf("verdict %+v", x.Verdict)
 	}
-	var rep2 UtilizationReport
+	var rep2 api.UtilizationReport
 	if code := h.do("GET", "/v1/reports/utilization?from="+h.clock.Now().Add(-time.Hour).UTC().Format(time.RFC3339)+"&to="+h.clock.Now().Add(time.Hour).UTC().Format(time.RFC3339), tokAdmin, nil, &rep2); code != http.StatusOK {
 		t.Fatalf("report: %d", code)
 	}

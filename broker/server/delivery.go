@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -211,28 +213,6 @@ func shortModel(m string) string { return strings.TrimPrefix(m, "NVIDIA ") }
 // "id/<job>/<id>" → the key of a report sent with an idempotency id.
 const BucketUnits broker.Bucket = "units"
 
-// UnitsReport is one report of output a job produced.
-type UnitsReport struct {
-	Job     string    `json:"job"`
-	Team    string    `json:"team"`
-	Project string    `json:"project,omitempty"`
-	Queue   string    `json:"queue"`
-	Kind    string    `json:"kind"`
-	Units   int64     `json:"units"`
-	At      time.Time `json:"at"`
-	By      string    `json:"by"`
-	// ID is the sender's idempotency id, if it gave one: a report sent
-	// twice with the same id counts once.
-	ID string `json:"id,omitempty"`
-}
-
-// UnitsRequest is the body of POST /v1/jobs/{id}/units.
-type UnitsRequest struct {
-	Units int64  `json:"units"`
-	Kind  string `json:"kind"`
-	ID    string `json:"id,omitempty"`
-}
-
 var (
 	unitKindRe = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 	unitIDRe   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
@@ -327,25 +307,16 @@ func (s *Server) unitsAuth(next echo.HandlerFunc) echo.HandlerFunc {
 		if !hmac.Equal([]byte(secret), []byte(jobTokenFor(key, c.Param("id")))) {
 			return errUnauthorized
 		}
-		c.Set(principalKey, Principal{Name: "job:" + c.Param("id"), Role: roleJob})
+		c.Set(principalKey, api.Principal{Name: "job:" + c.Param("id"), Role: roleJob})
 		return next(c)
 	}
-}
-
-// UnitsAnswer is the body of a units report's answer: the report and the
-// job's total of that kind so far.
-type UnitsAnswer struct {
-	UnitsReport
-	Total int64 `json:"total"`
-	// Duplicate is true when the id was seen before and nothing was added.
-	Duplicate bool `json:"duplicate,omitempty"`
 }
 
 func unitsSumKey(job, kind string) string { return "sum/" + job + "/" + kind }
 
 // reportUnits serves POST /v1/jobs/{id}/units.
 func (s *Server) reportUnits(c echo.Context) error {
-	var req UnitsRequest
+	var req api.UnitsRequest
 	if err := decodeBody(c, 4<<10, &req); err != nil {
 		return err
 	}
@@ -381,17 +352,17 @@ func (s *Server) reportUnits(c echo.Context) error {
 		return err
 	}
 	now := s.clock.Now()
-	rep := UnitsReport{Job: j.ID, Team: j.Spec.Team, Project: j.Spec.Project, Queue: j.Spec.Queue, Kind: req.Kind,
+	rep := api.UnitsReport{Job: j.ID, Team: j.Spec.Team, Project: j.Spec.Project, Queue: j.Spec.Queue, Kind: req.Kind,
 		Units: req.Units, At: now, By: principal(c).Name, ID: req.ID}
 	key := "t/" + s.ids.next(now)
-	ans := UnitsAnswer{UnitsReport: rep}
+	ans := api.UnitsAnswer{UnitsReport: rep}
 	err = s.store.Update(c.Request().Context(), func(tx broker.Tx) error {
-		ans = UnitsAnswer{UnitsReport: rep}
+		ans = api.UnitsAnswer{UnitsReport: rep}
 		if req.ID != "" {
 			idKey := "id/" + j.ID + "/" + req.ID
 			if prev, err := tx.Get(BucketUnits, idKey); err == nil {
 				ans.Duplicate = true
-				var old UnitsReport
+				var old api.UnitsReport
 				raw, err := tx.Get(BucketUnits, string(prev))
 				if err != nil {
 					return err
@@ -476,19 +447,9 @@ func ulidBound(t time.Time) string {
 
 // --- the delivery report ----------------------------------------------------
 
-// Durations summarises a set of durations in seconds.
-type Durations struct {
-	Count int     `json:"count"`
-	Mean  float64 `json:"meanSeconds"`
-	P50   float64 `json:"p50Seconds"`
-	P90   float64 `json:"p90Seconds"`
-	P99   float64 `json:"p99Seconds"`
-	Max   float64 `json:"maxSeconds"`
-}
-
-func summarise(ds []time.Duration) Durations {
+func summarise(ds []time.Duration) api.Durations {
 	if len(ds) == 0 {
-		return Durations{}
+		return api.Durations{}
 	}
 	slices.Sort(ds)
 	var sum time.Duration
@@ -499,71 +460,7 @@ func summarise(ds []time.Duration) Durations {
 		i := int(p*float64(len(ds))+0.999999) - 1 // nearest rank
 		return ds[min(max(i, 0), len(ds)-1)].Seconds()
 	}
-	return Durations{Count: len(ds), Mean: (sum / time.Duration(len(ds))).Seconds(), P50: rank(0.5), P90: rank(0.9), P99: rank(0.99), Max: ds[len(ds)-1].Seconds()}
-}
-
-// DeliveryRow is one queue and priority class over the period.
-type DeliveryRow struct {
-	Queue    string `json:"queue"`
-	Priority string `json:"priority"`
-	// Wait is every wait that ended with a start in the period: from
-	// submit (or the return to the queue) to being scheduled.
-	Wait Durations `json:"wait"`
-	// Completion is submit to end of the jobs that ended in the period.
-	Completion Durations `json:"completion"`
-	Succeeded  int       `json:"succeeded"`
-	Failed     int       `json:"failed"`
-	TimedOut   int       `json:"timedOut"`
-	Cancelled  int       `json:"cancelled"`
-	// SuccessRate is succeeded / (succeeded + failed + timed out), 0..1;
-	// cancelled jobs are the user's choice and do not count.
-	SuccessRate float64 `json:"successRate"`
-	Preemptions int     `json:"preemptions"`
-	// Resumes counts attempts started after a preemption.
-	Resumes int `json:"resumes"`
-	// Starved counts waits that passed reports.starvationAfter within the
-	// period.
-	Starved int `json:"starved"`
-
-	waits, completions []time.Duration
-}
-
-// StarvingJob is a job waiting past the starvation bound now.
-type StarvingJob struct {
-	ID       string    `json:"id"`
-	Team     string    `json:"team"`
-	Queue    string    `json:"queue"`
-	Priority string    `json:"priority"`
-	Since    time.Time `json:"since"`
-	Reason   string    `json:"reason,omitempty"`
-}
-
-// UnitCost is the output a team reported of one kind and what the jobs
-// that produced it cost in the period.
-type UnitCost struct {
-	Team  string `json:"team"`
-	Kind  string `json:"kind"`
-	Units int64  `json:"units"`
-	Jobs  int    `json:"jobs"`
-	// GPUMillis and Cost are the ledger's for those jobs in the period.
-	GPUMillis int64          `json:"gpuMillis"`
-	Cost      billing.Amount `json:"cost"`
-	// CostPer1000 is Cost per 1,000 units, rounded half away from zero.
-	CostPer1000 billing.Amount `json:"costPer1000"`
-	// GPUSecondsPer1000 is GPU-time per 1,000 units.
-	GPUSecondsPer1000 float64 `json:"gpuSecondsPer1000"`
-}
-
-// DeliveryReport is the body of GET /v1/reports/delivery.
-type DeliveryReport struct {
-	Period          billing.Period `json:"period"`
-	Team            string         `json:"team,omitempty"`
-	StarvationAfter string         `json:"starvationAfter"`
-	Rows            []DeliveryRow  `json:"rows"`
-	Total           DeliveryRow    `json:"total"`
-	Starving        []StarvingJob  `json:"starving"`
-	Units           []UnitCost     `json:"units"`
-	Currency        string         `json:"currency,omitempty"`
+	return api.Durations{Count: len(ds), Mean: (sum / time.Duration(len(ds))).Seconds(), P50: rank(0.5), P90: rank(0.9), P99: rank(0.99), Max: ds[len(ds)-1].Seconds()}
 }
 
 // deliveryReport serves GET /v1/reports/delivery.
@@ -585,16 +482,16 @@ func (s *Server) deliveryReport(c echo.Context) error {
 
 // buildDelivery reads the job records submitted from reports.lookback
 // before the period to its end, and the units and ledger of the period.
-func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team string) (*DeliveryReport, error) {
+func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team string) (*api.DeliveryReport, error) {
 	now := s.clock.Now()
 	bound := s.cfg().Reports.StarvationAfter.D()
-	rep := &DeliveryReport{Period: p, Team: team, StarvationAfter: broker.FormatDuration(bound), Rows: []DeliveryRow{}, Starving: []StarvingJob{}, Units: []UnitCost{}}
-	rows := map[[2]string]*DeliveryRow{}
-	row := func(j *broker.Job) *DeliveryRow {
+	rep := &api.DeliveryReport{Period: p, Team: team, StarvationAfter: broker.FormatDuration(bound), Rows: []api.DeliveryRow{}, Starving: []api.StarvingJob{}, Units: []api.UnitCost{}}
+	rows := map[[2]string]*deliveryRow{}
+	row := func(j *broker.Job) *deliveryRow {
 		k := [2]string{j.Spec.Queue, j.Spec.Priority}
 		r := rows[k]
 		if r == nil {
-			r = &DeliveryRow{Queue: k[0], Priority: k[1]}
+			r = &deliveryRow{DeliveryRow: api.DeliveryRow{Queue: k[0], Priority: k[1]}}
 			rows[k] = r
 		}
 		return r
@@ -677,10 +574,11 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 		t.Preemptions += r.Preemptions
 		t.Resumes += r.Resumes
 		t.Starved += r.Starved
-		rep.Rows = append(rep.Rows, *r)
+		rep.Rows = append(rep.Rows, r.DeliveryRow)
 	}
-	rep.Total.waits, rep.Total.completions = all, allDone
-	finish(&rep.Total)
+	total := deliveryRow{DeliveryRow: rep.Total, waits: all, completions: allDone}
+	finish(&total)
+	rep.Total = total.DeliveryRow
 
 	s.mu.Lock()
 	for id, j := range s.jobs {
@@ -691,11 +589,11 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 		if !ok || now.Sub(since) <= bound {
 			continue
 		}
-		rep.Starving = append(rep.Starving, StarvingJob{ID: id, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority,
+		rep.Starving = append(rep.Starving, api.StarvingJob{ID: id, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority,
 			Since: since, Reason: s.reasons[id].Message})
 	}
 	s.mu.Unlock()
-	slices.SortFunc(rep.Starving, func(a, b StarvingJob) int { return a.Since.Compare(b.Since) })
+	slices.SortFunc(rep.Starving, func(a, b api.StarvingJob) int { return a.Since.Compare(b.Since) })
 
 	units, cur, err := s.unitCosts(ctx, p, team)
 	if err != nil {
@@ -705,7 +603,14 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 	return rep, nil
 }
 
-func finish(r *DeliveryRow) {
+// deliveryRow is a row of the delivery report while it is summed: the
+// waits and completion times its summaries come from.
+type deliveryRow struct {
+	api.DeliveryRow
+	waits, completions []time.Duration
+}
+
+func finish(r *deliveryRow) {
 	r.Wait = summarise(r.waits)
 	r.Completion = summarise(r.completions)
 	if n := r.Succeeded + r.Failed + r.TimedOut; n > 0 {
@@ -713,7 +618,7 @@ func finish(r *DeliveryRow) {
 	}
 }
 
-func sortedRowKeys(m map[[2]string]*DeliveryRow) [][2]string {
+func sortedRowKeys(m map[[2]string]*deliveryRow) [][2]string {
 	keys := make([][2]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -729,14 +634,14 @@ func sortedRowKeys(m map[[2]string]*DeliveryRow) [][2]string {
 
 // unitCosts sums the period's units by team and kind, and the ledger's
 // GPU-time and cost of the jobs that reported them.
-func (s *Server) unitCosts(ctx context.Context, p billing.Period, team string) ([]UnitCost, string, error) {
+func (s *Server) unitCosts(ctx context.Context, p billing.Period, team string) ([]api.UnitCost, string, error) {
 	type key struct{ team, kind string }
-	sums := map[key]*UnitCost{}
+	sums := map[key]*api.UnitCost{}
 	jobsOf := map[key]map[string]bool{}
 	want := map[string]bool{}
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		return tx.Scan(BucketUnits, "t/"+ulidBound(p.From), "t/"+ulidBound(p.To), func(_ string, raw []byte) error {
-			var u UnitsReport
+			var u api.UnitsReport
 			if err := json.Unmarshal(raw, &u); err != nil {
 				return fmt.Errorf("decode units report: %w", err)
 			}
@@ -745,7 +650,7 @@ func (s *Server) unitCosts(ctx context.Context, p billing.Period, team string) (
 			}
 			k := key{u.Team, u.Kind}
 			if sums[k] == nil {
-				sums[k] = &UnitCost{Team: u.Team, Kind: u.Kind}
+				sums[k] = &api.UnitCost{Team: u.Team, Kind: u.Kind}
 				jobsOf[k] = map[string]bool{}
 			}
 			sums[k].Units += u.Units
@@ -755,7 +660,7 @@ func (s *Server) unitCosts(ctx context.Context, p billing.Period, team string) (
 		})
 	})
 	if err != nil || len(sums) == 0 {
-		return []UnitCost{}, "", err
+		return []api.UnitCost{}, "", err
 	}
 	type spend struct {
 		ms   int64
@@ -780,7 +685,7 @@ func (s *Server) unitCosts(ctx context.Context, p billing.Period, team string) (
 	if err != nil {
 		return nil, "", fmt.Errorf("read ledger: %w", err)
 	}
-	out := make([]UnitCost, 0, len(sums))
+	out := make([]api.UnitCost, 0, len(sums))
 	for k, uc := range sums {
 		for job := range jobsOf[k] {
 			uc.Jobs++
@@ -793,7 +698,7 @@ func (s *Server) unitCosts(ctx context.Context, p billing.Period, team string) (
 		uc.GPUSecondsPer1000 = float64(uc.GPUMillis) / float64(uc.Units)
 		out = append(out, *uc)
 	}
-	slices.SortFunc(out, func(a, b UnitCost) int {
+	slices.SortFunc(out, func(a, b api.UnitCost) int {
 		if c := strings.Compare(a.Team, b.Team); c != 0 {
 			return c
 		}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 )
@@ -61,7 +63,7 @@ func TestDeliveryReportAndMetrics(t *testing.T) {
 
 	// Units from inside the job, with its job token; a resend with the
 	// same id counts once.
-	var ans UnitsAnswer
+	var ans api.UnitsAnswer
 	if code := h.do("POST", "/v1/jobs/"+low.ID+"/units", jobToken, `{"units": 3000, "kind": "tokens", "id": "step-1"}`, &ans); code != http.StatusCreated || ans.Total != 3000 {
 		t.Fatalf("units: %d %+v", code, ans)
 	}
@@ -111,7 +113,7 @@ func TestDeliveryReportAndMetrics(t *testing.T) {
 	a.sync()
 	h.advance(2*time.Minute, a) // the meter finishes
 
-	var rep DeliveryReport
+	var rep api.DeliveryReport
 	q := "/v1/reports/delivery?from=" + t0.Format(time.RFC3339) + "&to=" + t0.Add(time.Hour).Format(time.RFC3339)
 	if code := h.do("GET", q, tokAdmin, nil, &rep); code != http.StatusOK {
 		t.Fatalf("delivery: %d", code)
@@ -121,7 +123,7 @@ func TestDeliveryReportAndMetrics(t *testing.T) {
 		tot.Wait.Count != 4 || tot.Completion.Count != 3 || tot.SuccessRate < 0.66 || tot.SuccessRate > 0.67 {
 		t.Fatalf("total: %+v", tot)
 	}
-	rows := map[string]DeliveryRow{}
+	rows := map[string]api.DeliveryRow{}
 	for _, r := range rep.Rows {
 		rows[r.Queue+"/"+r.Priority] = r
 	}
@@ -177,7 +179,7 @@ func TestStarvingJobsNow(t *testing.T) {
 	j := h.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "1h", "command": ["wait"]}`)
 	h.cycle()
 	h.clock.Step(2 * time.Minute)
-	var rep DeliveryReport
+	var rep api.DeliveryReport
 	h.do("GET", "/v1/reports/delivery", tokAlice, nil, &rep)
 	if len(rep.Starving) != 1 || rep.Starving[0].ID != j.ID || rep.StarvationAfter != "1m" {
 		t.Fatalf("starving: %+v", rep)

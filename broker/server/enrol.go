@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -35,22 +37,6 @@ const (
 	maxJoinTTL = 7 * 24 * time.Hour
 )
 
-// JoinToken is a stored join token (its secret is not kept).
-type JoinToken struct {
-	ID        string    `json:"id"`
-	CreatedBy string    `json:"createdBy"`
-	CreatedAt time.Time `json:"createdAt"`
-	ExpiresAt time.Time `json:"expiresAt"`
-	// Node, when set, is the only name the token may enrol.
-	Node string `json:"node,omitempty"`
-	// MaxGPUs is the node class: the most cards a node enrolled with the
-	// token may report.
-	MaxGPUs int `json:"maxGPUs"`
-	// UsedAt and UsedBy are set when an agent exchanged the token.
-	UsedAt *time.Time `json:"usedAt,omitempty"`
-	UsedBy string     `json:"usedBy,omitempty"`
-}
-
 // NodeCredential is a node's own credential (its secret is not kept).
 type NodeCredential struct {
 	ID        string     `json:"id"`
@@ -60,20 +46,6 @@ type NodeCredential struct {
 	JoinToken string     `json:"joinToken"`
 	RevokedAt *time.Time `json:"revokedAt,omitempty"`
 	RevokedBy string     `json:"revokedBy,omitempty"`
-}
-
-// JoinTokenRequest is the body of POST /v1/jointokens.
-type JoinTokenRequest struct {
-	// Expires is how long the token lasts, e.g. "1h" (default 1h, at most 7 days).
-	Expires broker.Duration `json:"expires,omitempty"`
-	Node    string          `json:"node,omitempty"`
-	MaxGPUs int             `json:"maxGPUs,omitempty"`
-}
-
-// JoinTokenAnswer is the answer: the token's secret, shown this once.
-type JoinTokenAnswer struct {
-	JoinToken
-	Token string `json:"token"`
 }
 
 func secretHash(secret string) string {
@@ -89,7 +61,7 @@ func newSecret(prefix, id string) string {
 
 // createJoinToken serves POST /v1/jointokens (operators).
 func (s *Server) createJoinToken(c echo.Context) error {
-	var req JoinTokenRequest
+	var req api.JoinTokenRequest
 	if err := decodeBody(c, 4<<10, &req); err != nil {
 		return err
 	}
@@ -113,7 +85,7 @@ func (s *Server) createJoinToken(c echo.Context) error {
 	now := s.clock.Now()
 	id := s.ids.next(now)
 	secret := newSecret(joinTokenPrefix, id)
-	jt := JoinToken{ID: id, CreatedBy: principal(c).Name, CreatedAt: now, ExpiresAt: now.Add(ttl), Node: req.Node, MaxGPUs: req.MaxGPUs}
+	jt := api.JoinToken{ID: id, CreatedBy: principal(c).Name, CreatedAt: now, ExpiresAt: now.Add(ttl), Node: req.Node, MaxGPUs: req.MaxGPUs}
 	err := s.store.Update(c.Request().Context(), func(tx broker.Tx) error {
 		raw, err := json.Marshal(jt)
 		if err != nil {
@@ -128,15 +100,15 @@ func (s *Server) createJoinToken(c echo.Context) error {
 		return fmt.Errorf("store join token: %w", err)
 	}
 	s.log.Info("join token created", "id", id, "by", jt.CreatedBy, "expires", jt.ExpiresAt, "node", jt.Node)
-	return c.JSON(http.StatusCreated, JoinTokenAnswer{JoinToken: jt, Token: secret})
+	return c.JSON(http.StatusCreated, api.JoinTokenAnswer{JoinToken: jt, Token: secret})
 }
 
 // listJoinTokens serves GET /v1/jointokens (operators): no secrets.
 func (s *Server) listJoinTokens(c echo.Context) error {
-	out := []JoinToken{}
+	out := []api.JoinToken{}
 	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
 		return tx.Scan(BucketJoinTokens, "t/", broker.PrefixEnd("t/"), func(_ string, v []byte) error {
-			var jt JoinToken
+			var jt api.JoinToken
 			if err := json.Unmarshal(v, &jt); err != nil {
 				return err
 			}
@@ -185,7 +157,7 @@ func (s *Server) enrol(c echo.Context) error {
 		if err != nil {
 			return err
 		}
-		var jt JoinToken
+		var jt api.JoinToken
 		if err := json.Unmarshal(raw, &jt); err != nil {
 			return err
 		}

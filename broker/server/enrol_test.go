@@ -5,13 +5,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
-func (h *harness) joinToken(req JoinTokenRequest) string {
+func (h *harness) joinToken(req api.JoinTokenRequest) string {
 	h.t.Helper()
-	var ans JoinTokenAnswer
+	var ans api.JoinTokenAnswer
 	if code := h.do("POST", "/v1/jointokens", tokAdmin, req, &ans); code != http.StatusCreated || ans.Token == "" {
 		h.t.Fatalf("create join token: %d %+v", code, ans)
 	}
@@ -32,10 +34,10 @@ func (h *harness) enrol(token, node string) (int, agentapi.EnrolResponse) {
 // gets 401.
 func TestFinding2NodeIdentity(t *testing.T) {
 	h := newHarness(t)
-	if code := h.do("POST", "/v1/jointokens", tokAlice, JoinTokenRequest{}, nil); code != http.StatusForbidden {
+	if code := h.do("POST", "/v1/jointokens", tokAlice, api.JoinTokenRequest{}, nil); code != http.StatusForbidden {
 		t.Fatalf("a user created a join token: %d", code)
 	}
-	tok := h.joinToken(JoinTokenRequest{Expires: broker.Duration(time.Hour), MaxGPUs: 2})
+	tok := h.joinToken(api.JoinTokenRequest{Expires: broker.Duration(time.Hour), MaxGPUs: 2})
 	code, er := h.enrol(tok, "gpu-a")
 	if code != http.StatusOK || er.Credential == "" || er.Node != "gpu-a" {
 		t.Fatalf("enrol: %d %+v", code, er)
@@ -107,7 +109,7 @@ func TestFinding2NodeIdentity(t *testing.T) {
 		t.Fatalf("gpu-a's job still holds its cards after the revoke: %s", got.State)
 	}
 	// The name can be enrolled again with a new token.
-	if code, _ := h.enrol(h.joinToken(JoinTokenRequest{}), "gpu-a"); code != http.StatusOK {
+	if code, _ := h.enrol(h.joinToken(api.JoinTokenRequest{}), "gpu-a"); code != http.StatusOK {
 		t.Fatalf("re-enrol after revoke: %d", code)
 	}
 }
@@ -116,8 +118,8 @@ func TestFinding2NodeIdentity(t *testing.T) {
 // name are refused.
 func TestJoinTokenExpiresAndBinds(t *testing.T) {
 	h := newHarness(t)
-	tok := h.joinToken(JoinTokenRequest{Expires: broker.Duration(time.Hour)})
-	bound := h.joinToken(JoinTokenRequest{Node: "gpu-c"})
+	tok := h.joinToken(api.JoinTokenRequest{Expires: broker.Duration(time.Hour)})
+	bound := h.joinToken(api.JoinTokenRequest{Node: "gpu-c"})
 	if code, _ := h.enrol(bound, "gpu-d"); code != http.StatusForbidden {
 		t.Fatalf("a token for gpu-c enrolled gpu-d: %d", code)
 	}
@@ -125,10 +127,10 @@ func TestJoinTokenExpiresAndBinds(t *testing.T) {
 	if code, _ := h.enrol(tok, "gpu-a"); code != http.StatusUnauthorized {
 		t.Fatalf("an expired join token worked: %d", code)
 	}
-	if code := h.do("POST", "/v1/jointokens", tokAdmin, JoinTokenRequest{Expires: broker.Duration(30 * 24 * time.Hour)}, nil); code != http.StatusBadRequest {
+	if code := h.do("POST", "/v1/jointokens", tokAdmin, api.JoinTokenRequest{Expires: broker.Duration(30 * 24 * time.Hour)}, nil); code != http.StatusBadRequest {
 		t.Fatalf("a 30-day join token: %d", code)
 	}
-	var list struct{ Tokens []JoinToken }
+	var list struct{ Tokens []api.JoinToken }
 	if code := h.do("GET", "/v1/jointokens", tokAdmin, nil, &list); code != http.StatusOK || len(list.Tokens) != 2 {
 		t.Fatalf("list: %d %+v", code, list)
 	}

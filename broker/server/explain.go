@@ -9,168 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/sched"
 )
-
-// Explanation is the body of GET /v1/jobs/{id}/explain: the walk an
-// operator does by hand when someone asks "why is my job not running" —
-// the job's state and history, the queue ahead of it, the nodes and who
-// holds their cards, the processes on the job's own cards, its log tail
-// and exit — ending in one verdict.
-type Explanation struct {
-	Job     *broker.Job     `json:"job"`
-	State   ExplainState    `json:"state"`
-	Queue   *ExplainQueue   `json:"queue,omitempty"`
-	Cluster ExplainCluster  `json:"cluster"`
-	Cards   []ExplainCard   `json:"cards,omitempty"`
-	Exit    *ExplainExit    `json:"exit,omitempty"`
-	Verdict ExplainVerdict  `json:"verdict"`
-	At      time.Time       `json:"at"`
-	Steps   []string        `json:"steps"`
-	Team    ExplainTeamLoad `json:"team"`
-	// Moves are the job's spill-backs: its moves from a burst machine
-	// home, each with the expected saving that decided it.
-	Moves []broker.Transition `json:"moves,omitempty"`
-}
-
-// ExplainState is step 1: where the job is and how it got there.
-type ExplainState struct {
-	State broker.State `json:"state"`
-	// Since is when the job entered its state.
-	Since time.Time `json:"since"`
-	// Recent are the last transitions, oldest first.
-	Recent  []broker.Transition `json:"recent"`
-	Attempt int                 `json:"attempt"`
-	Retries int                 `json:"retries"`
-}
-
-// ExplainQueue is step 2: the job's place among the waiting.
-type ExplainQueue struct {
-	Queue    string                `json:"queue"`
-	Priority string                `json:"priority"`
-	Reason   *broker.PendingReason `json:"reason,omitempty"`
-	// Waiting counts the pending jobs of the queue.
-	Waiting int `json:"waiting"`
-	// Ahead are the queue's pending jobs placed before this one (at most
-	// 10, nearest last).
-	Ahead []QueuedJob `json:"ahead,omitempty"`
-}
-
-// QueuedJob is one waiting job as the queue overview shows it.
-type QueuedJob struct {
-	ID       string `json:"id"`
-	Name     string `json:"name"`
-	Team     string `json:"team"`
-	Priority string `json:"priority"`
-	GPUs     int    `json:"gpus"`
-	Position int    `json:"position"`
-	Reason   string `json:"reason,omitempty"`
-}
-
-// ExplainTeamLoad is what the job's team holds now, for quota answers.
-type ExplainTeamLoad struct {
-	Team        string `json:"team"`
-	HeldGPUs    int    `json:"heldGpus"`
-	RunningJobs int    `json:"runningJobs"`
-	// QuotaGPUs and BorrowLimit echo the config (nil: none).
-	QuotaGPUs   *int `json:"quotaGpus,omitempty"`
-	BorrowLimit *int `json:"borrowLimit,omitempty"`
-}
-
-// ExplainCluster is step 3: is the cluster full, and who holds the cards
-// the job could use (cards of its gpuModel when it names one).
-type ExplainCluster struct {
-	Nodes      int `json:"nodes"`
-	ReadyNodes int `json:"readyNodes"`
-	// GPUs counts healthy cards on ready nodes that match the job's model.
-	GPUs      int `json:"gpus"`
-	FreeGPUs  int `json:"freeGpus"`
-	HeldGPUs  int `json:"heldGpus"`
-	Unhealthy int `json:"unhealthyGpus"`
-	// MostFreeOnOneNode is the largest number of free matching cards on
-	// one node.
-	MostFreeOnOneNode int  `json:"mostFreeOnOneNode"`
-	Full              bool `json:"full"`
-	// NeedsPerNode and NeedsNodes repeat what the job asks for.
-	NeedsPerNode int           `json:"needsPerNode"`
-	NeedsNodes   int           `json:"needsNodes"`
-	NodeList     []ExplainNode `json:"nodeList"`
-}
-
-// ExplainNode is one node of the overview.
-type ExplainNode struct {
-	Name     string            `json:"name"`
-	State    broker.NodeState  `json:"state"`
-	Model    string            `json:"model,omitempty"`
-	GPUs     int               `json:"gpus"`
-	Free     int               `json:"free"`
-	Matches  bool              `json:"matches"`
-	Holders  []ExplainHolder   `json:"holders,omitempty"`
-	Sampled  *time.Time        `json:"sampledAt,omitempty"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	Unusable int               `json:"unhealthy,omitempty"`
-}
-
-// ExplainHolder is a job holding cards on a node.
-type ExplainHolder struct {
-	Job      string `json:"job"`
-	Team     string `json:"team"`
-	Priority string `json:"priority"`
-	GPUs     int    `json:"gpus"`
-	// Ends is when its timeout ends it at the latest.
-	Ends *time.Time `json:"ends,omitempty"`
-}
-
-// ExplainCard is step 4: one of the job's cards, and whether it computes.
-type ExplainCard struct {
-	Node            string `json:"node"`
-	Index           int    `json:"index"`
-	Model           string `json:"model"`
-	MemoryBytes     int64  `json:"memoryBytes"`
-	MemoryUsedBytes int64  `json:"memoryUsedBytes"`
-	// SMUtil is the latest compute utilisation (nil: no telemetry).
-	SMUtil    *int             `json:"smUtil,omitempty"`
-	Computing bool             `json:"computing"`
-	Processes []ExplainProcess `json:"processes,omitempty"`
-	SampledAt *time.Time       `json:"sampledAt,omitempty"`
-}
-
-// ExplainProcess is a compute process on a card and the job it belongs to
-// ("" when it is no Spillway job's).
-type ExplainProcess struct {
-	PID         int    `json:"pid"`
-	MemoryBytes int64  `json:"memoryBytes"`
-	Job         string `json:"job,omitempty"`
-}
-
-// ExplainExit is step 5: how the last attempt ended.
-type ExplainExit struct {
-	Attempt  int    `json:"attempt"`
-	ExitCode *int   `json:"exitCode,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	Detail   string `json:"detail,omitempty"`
-	// OOM is "gpu" or "host" when the attempt ran out of memory.
-	OOM string `json:"oom,omitempty"`
-	// Evidence is the log line (or exit) the OOM verdict rests on.
-	Evidence string   `json:"evidence,omitempty"`
-	LogTail  []string `json:"logTail,omitempty"`
-	// Runtime is the node runtime's own account of the end (image not
-	// found, pull denied, OOM-killed by the memory limit, exit code),
-	// shown before the log.
-	Runtime string `json:"runtime,omitempty"`
-}
-
-// ExplainVerdict is the most likely reason, as a code and one sentence
-// saying what to do.
-type ExplainVerdict struct {
-	Code     string `json:"code"`
-	Sentence string `json:"sentence"`
-}
 
 // Verdict codes of an explanation.
 const (
@@ -222,8 +68,8 @@ func (s *Server) explainJob(c echo.Context) error {
 
 // explain builds the walk for a job read from the store (with its pending
 // reason overlaid), as viewer may see it.
-func (s *Server) explain(ctx context.Context, j *broker.Job, viewer Principal) (*Explanation, error) {
-	x := &Explanation{Job: j, At: s.clock.Now()}
+func (s *Server) explain(ctx context.Context, j *broker.Job, viewer api.Principal) (*api.Explanation, error) {
+	x := &api.Explanation{Job: j, At: s.clock.Now()}
 	x.State = explainState(j)
 	s.mu.Lock()
 	if cur, ok := s.jobs[j.ID]; ok && cur.IdleSince != nil && j.IdleSince == nil {
@@ -251,8 +97,8 @@ func (s *Server) explain(ctx context.Context, j *broker.Job, viewer Principal) (
 	return x, nil
 }
 
-func explainState(j *broker.Job) ExplainState {
-	st := ExplainState{State: j.State, Attempt: j.Attempt, Retries: j.Retries, Since: j.SubmittedAt}
+func explainState(j *broker.Job) api.ExplainState {
+	st := api.ExplainState{State: j.State, Attempt: j.Attempt, Retries: j.Retries, Since: j.SubmittedAt}
 	if n := len(j.History); n > 0 {
 		st.Since = j.History[n-1].At
 		for i := n - 1; i >= 0 && j.History[i].To == j.State; i-- {
@@ -266,16 +112,16 @@ func explainState(j *broker.Job) ExplainState {
 // explainQueueLocked lists the waiting jobs ahead of a pending one. As in
 // GET /v1/queues, a user does not see the ids and names of other teams'
 // waiting jobs — only their team, priority, size and reason.
-func (s *Server) explainQueueLocked(j *broker.Job, viewer Principal) *ExplainQueue {
+func (s *Server) explainQueueLocked(j *broker.Job, viewer api.Principal) *api.ExplainQueue {
 	if j.State != broker.StatePending {
 		return nil
 	}
-	q := &ExplainQueue{Queue: j.Spec.Queue, Priority: j.Spec.Priority, Reason: j.Pending}
+	q := &api.ExplainQueue{Queue: j.Spec.Queue, Priority: j.Spec.Priority, Reason: j.Pending}
 	pos := 0
 	if j.Pending != nil {
 		pos = j.Pending.Position
 	}
-	var ahead []QueuedJob
+	var ahead []api.QueuedJob
 	for id, o := range s.jobs {
 		if o.State != broker.StatePending || o.Spec.Queue != j.Spec.Queue {
 			continue
@@ -285,21 +131,21 @@ func (s *Server) explainQueueLocked(j *broker.Job, viewer Principal) *ExplainQue
 		if id == j.ID || !ok || pos == 0 || r.Position == 0 || r.Position >= pos {
 			continue
 		}
-		qj := QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
+		qj := api.QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
 			GPUs: o.TotalGPUs(), Position: r.Position, Reason: r.Code}
 		if !canSeeTeam(viewer, o.Spec.Team) {
 			qj.ID, qj.Name = "", ""
 		}
 		ahead = append(ahead, qj)
 	}
-	slices.SortFunc(ahead, func(a, b QueuedJob) int { return a.Position - b.Position })
+	slices.SortFunc(ahead, func(a, b api.QueuedJob) int { return a.Position - b.Position })
 	q.Ahead = ahead[max(0, len(ahead)-10):]
 	return q
 }
 
 // teamLoadLocked is what a team holds now, next to its quota.
-func (s *Server) teamLoadLocked(team string) ExplainTeamLoad {
-	out := ExplainTeamLoad{Team: team}
+func (s *Server) teamLoadLocked(team string) api.ExplainTeamLoad {
+	out := api.ExplainTeamLoad{Team: team}
 	for _, o := range s.jobs {
 		if o.Spec.Team == team && o.State.Holding() {
 			out.HeldGPUs += o.TotalGPUs()
@@ -322,11 +168,11 @@ func modelMatches(want, model string) bool {
 	return want == "" || strings.Contains(strings.ToLower(model), strings.ToLower(want))
 }
 
-func (s *Server) explainClusterLocked(j *broker.Job, views []NodeView) ExplainCluster {
+func (s *Server) explainClusterLocked(j *broker.Job, views []api.NodeView) api.ExplainCluster {
 	r := j.Spec.Resources
-	out := ExplainCluster{Nodes: len(views), NeedsPerNode: r.GPUs, NeedsNodes: max(1, r.Nodes)}
+	out := api.ExplainCluster{Nodes: len(views), NeedsPerNode: r.GPUs, NeedsNodes: max(1, r.Nodes)}
 	for _, v := range views {
-		n := ExplainNode{Name: v.Name, State: v.State, Labels: v.Labels, Sampled: v.SampledAt}
+		n := api.ExplainNode{Name: v.Name, State: v.State, Labels: v.Labels, Sampled: v.SampledAt}
 		if len(v.Cards) > 0 {
 			n.Model = v.Cards[0].Model
 		}
@@ -347,7 +193,7 @@ func (s *Server) explainClusterLocked(j *broker.Job, views []NodeView) ExplainCl
 			}
 		}
 		for id, g := range held {
-			h := ExplainHolder{Job: id, GPUs: g}
+			h := api.ExplainHolder{Job: id, GPUs: g}
 			if o := s.jobs[id]; o != nil {
 				h.Team, h.Priority = o.Spec.Team, o.Spec.Priority
 				if o.StartedAt != nil && o.Spec.Timeout > 0 {
@@ -357,7 +203,7 @@ func (s *Server) explainClusterLocked(j *broker.Job, views []NodeView) ExplainCl
 			}
 			n.Holders = append(n.Holders, h)
 		}
-		slices.SortFunc(n.Holders, func(a, b ExplainHolder) int { return strings.Compare(a.Job, b.Job) })
+		slices.SortFunc(n.Holders, func(a, b api.ExplainHolder) int { return strings.Compare(a.Job, b.Job) })
 		if v.State == broker.NodeReady {
 			out.ReadyNodes++
 			if n.Matches {
@@ -375,20 +221,20 @@ func (s *Server) explainClusterLocked(j *broker.Job, views []NodeView) ExplainCl
 }
 
 // explainCards shows the job's own cards while it holds them.
-func (s *Server) explainCards(j *broker.Job, views []NodeView) []ExplainCard {
+func (s *Server) explainCards(j *broker.Job, views []api.NodeView) []api.ExplainCard {
 	if !j.State.Holding() {
 		return nil
 	}
-	byName := map[string]NodeView{}
+	byName := map[string]api.NodeView{}
 	for _, v := range views {
 		byName[v.Name] = v
 	}
 	threshold := s.cfg().Idle.Threshold
-	var out []ExplainCard
+	var out []api.ExplainCard
 	for _, p := range j.Placements {
 		v, ok := byName[p.Node]
 		for _, g := range p.GPUs {
-			c := ExplainCard{Node: p.Node, Index: g}
+			c := api.ExplainCard{Node: p.Node, Index: g}
 			if ok {
 				c.SampledAt = v.SampledAt
 				for _, cv := range v.Cards {
@@ -402,7 +248,7 @@ func (s *Server) explainCards(j *broker.Job, views []NodeView) []ExplainCard {
 						c.MemoryUsedBytes = t.MemoryUsedBytes
 						c.Computing = u >= threshold
 						for _, pr := range t.Processes {
-							c.Processes = append(c.Processes, ExplainProcess{PID: pr.PID, MemoryBytes: pr.UsedMemoryBytes, Job: cv.ProcessJobs[pr.PID]})
+							c.Processes = append(c.Processes, api.ExplainProcess{PID: pr.PID, MemoryBytes: pr.UsedMemoryBytes, Job: cv.ProcessJobs[pr.PID]})
 						}
 					}
 				}
@@ -415,11 +261,11 @@ func (s *Server) explainCards(j *broker.Job, views []NodeView) []ExplainCard {
 
 // explainExit reads the last attempt's log tail and looks for the reason
 // it ended, OOM first.
-func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*ExplainExit, error) {
+func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*api.ExplainExit, error) {
 	if j.Attempt == 0 {
 		return nil, nil
 	}
-	x := &ExplainExit{Attempt: j.Attempt, ExitCode: j.ExitCode, Signal: j.Signal}
+	x := &api.ExplainExit{Attempt: j.Attempt, ExitCode: j.ExitCode, Signal: j.Signal}
 	for i := len(j.History) - 1; i >= 0; i-- {
 		t := j.History[i]
 		if t.From.Holding() && !t.To.Holding() {
@@ -530,15 +376,15 @@ func clipLine(s string) string {
 
 // verdict picks the most likely reason and says what to do, in one
 // sentence.
-func (s *Server) verdict(x *Explanation) ExplainVerdict {
+func (s *Server) verdict(x *api.Explanation) api.ExplainVerdict {
 	j := x.Job
 	switch j.State {
 	case broker.StateSucceeded:
-		return ExplainVerdict{VerdictSucceeded, fmt.Sprintf("The job finished successfully %s; nothing to do.", at(*j.EndedAt))}
+		return verdict(VerdictSucceeded, fmt.Sprintf("The job finished successfully %s; nothing to do.", at(*j.EndedAt)))
 	case broker.StateCancelled:
-		return ExplainVerdict{VerdictCancelled, fmt.Sprintf("The job was cancelled (%s); submit it again if that was a mistake.", lastDetail(j))}
+		return verdict(VerdictCancelled, fmt.Sprintf("The job was cancelled (%s); submit it again if that was a mistake.", lastDetail(j)))
 	case broker.StateTimedOut:
-		return ExplainVerdict{VerdictTimedOut, fmt.Sprintf("The job ran past its timeout of %s and was stopped; ask for a longer timeout (up to the queue's maximum) or checkpoint and resume.", j.Spec.Timeout)}
+		return verdict(VerdictTimedOut, fmt.Sprintf("The job ran past its timeout of %s and was stopped; ask for a longer timeout (up to the queue's maximum) or checkpoint and resume.", j.Spec.Timeout))
 	case broker.StateFailed:
 		if v, ok := runtimeVerdict(x); ok {
 			return v
@@ -550,26 +396,26 @@ func (s *Server) verdict(x *Explanation) ExplainVerdict {
 			return v
 		}
 		if x.Exit != nil && x.Exit.Reason == "idle_reclaimed" {
-			return ExplainVerdict{VerdictReclaimed, "The job was ended because its GPUs computed almost nothing for the idle window; make sure it keeps its cards busy, or run interactive work elsewhere."}
+			return verdict(VerdictReclaimed, "The job was ended because its GPUs computed almost nothing for the idle window; make sure it keeps its cards busy, or run interactive work elsewhere.")
 		}
 		if x.Exit != nil && x.Exit.Reason == "node_lost" {
-			return ExplainVerdict{VerdictNodeProblems, fmt.Sprintf("The job's node went silent (%s) and restartPolicy Never kept it from being requeued; submit it again.", x.Exit.Detail)}
+			return verdict(VerdictNodeProblems, fmt.Sprintf("The job's node went silent (%s) and restartPolicy Never kept it from being requeued; submit it again.", x.Exit.Detail))
 		}
-		return ExplainVerdict{VerdictCrashed, fmt.Sprintf("The job failed (%s); read the log tail above and `spillway logs %s`.", lastDetail(j), j.ID)}
+		return verdict(VerdictCrashed, fmt.Sprintf("The job failed (%s); read the log tail above and `spillway logs %s`.", lastDetail(j), j.ID))
 	case broker.StatePending:
 		return s.pendingVerdict(x)
 	case broker.StateProvisioning:
-		return ExplainVerdict{VerdictStarting, fmt.Sprintf("The job is bound to burst machine %s, which is being started for it; `spillway instances` shows each step.", dash0(j.Machine))}
+		return verdict(VerdictStarting, fmt.Sprintf("The job is bound to burst machine %s, which is being started for it; `spillway instances` shows each step.", dash0(j.Machine)))
 	case broker.StateStarting:
 		node := strings.Join(j.Nodes(), ", ")
-		return ExplainVerdict{VerdictStarting, fmt.Sprintf("The job was placed on %s %s and the agent is starting it; if it stays here, check that node with `spillway nodes`.", dash0(node), ago0(x.At, x.State.Since))}
+		return verdict(VerdictStarting, fmt.Sprintf("The job was placed on %s %s and the agent is starting it; if it stays here, check that node with `spillway nodes`.", dash0(node), ago0(x.At, x.State.Since)))
 	}
 	// Running.
 	if v, ok := dataRunVerdict(j); ok && j.Stop == nil {
 		return v
 	}
 	if j.Stop != nil {
-		return ExplainVerdict{VerdictStopping, fmt.Sprintf("The job is being stopped (%s: %s); it got %s and has %s to save its work.", j.Stop.Reason, j.Stop.Detail, j.Stop.Signal, broker.FormatDuration(j.Stop.Grace))}
+		return verdict(VerdictStopping, fmt.Sprintf("The job is being stopped (%s: %s); it got %s and has %s to save its work.", j.Stop.Reason, j.Stop.Detail, j.Stop.Signal, broker.FormatDuration(j.Stop.Grace)))
 	}
 	busy, measured, util, mem := 0, 0, 0, int64(0)
 	for _, c := range x.Cards {
@@ -588,43 +434,43 @@ func (s *Server) verdict(x *Explanation) ExplainVerdict {
 		if j.IdleSince != nil {
 			since = " since " + j.IdleSince.UTC().Format("15:04 UTC Jan 2")
 		}
-		return ExplainVerdict{VerdictIdle, fmt.Sprintf("The job holds %d GPU(s) and %s of GPU memory but computes almost nothing (%d%% compute)%s; check it is not stuck (data loading, a debugger, a finished notebook), and cancel it to give the cards back.",
-			len(x.Cards), gibs(mem), util/max(1, measured), since)}
+		return verdict(VerdictIdle, fmt.Sprintf("The job holds %d GPU(s) and %s of GPU memory but computes almost nothing (%d%% compute)%s; check it is not stuck (data loading, a debugger, a finished notebook), and cancel it to give the cards back.",
+			len(x.Cards), gibs(mem), util/max(1, measured), since))
 	}
 	if measured == 0 {
-		return ExplainVerdict{VerdictComputing, "The job is running; its node has sent no GPU telemetry yet, so whether it computes is not known — look again in a minute."}
+		return verdict(VerdictComputing, "The job is running; its node has sent no GPU telemetry yet, so whether it computes is not known — look again in a minute.")
 	}
-	return ExplainVerdict{VerdictComputing, fmt.Sprintf("The job is running and computing (%d%% compute on %d of %d GPUs); nothing is wrong.", util/measured, busy, len(x.Cards))}
+	return verdict(VerdictComputing, fmt.Sprintf("The job is running and computing (%d%% compute on %d of %d GPUs); nothing is wrong.", util/measured, busy, len(x.Cards)))
 }
 
 // crashVerdict names an out-of-memory or crashed last attempt; then says
 // what happens next (nothing, or the retry).
-func crashVerdict(x *Explanation, next string) (ExplainVerdict, bool) {
+func crashVerdict(x *api.Explanation, next string) (api.ExplainVerdict, bool) {
 	e := x.Exit
 	if e == nil || stoppedByBroker(e.Reason) {
-		return ExplainVerdict{}, false
+		return api.ExplainVerdict{}, false
 	}
 	switch e.OOM {
 	case "gpu":
-		return ExplainVerdict{VerdictGPUOOM, fmt.Sprintf("The job crashed because the GPU ran out of memory (%q)%s; lower the batch size or model size, or ask for a card with more memory (resources.gpuModel) or more GPUs.", e.Evidence, next)}, true
+		return verdict(VerdictGPUOOM, fmt.Sprintf("The job crashed because the GPU ran out of memory (%q)%s; lower the batch size or model size, or ask for a card with more memory (resources.gpuModel) or more GPUs.", e.Evidence, next)), true
 	case "host":
-		return ExplainVerdict{VerdictHostOOM, fmt.Sprintf("The job was killed for running out of host memory (%s)%s; ask for more memory (resources.memory) or load less data at once.", e.Evidence, next)}, true
+		return verdict(VerdictHostOOM, fmt.Sprintf("The job was killed for running out of host memory (%s)%s; ask for more memory (resources.memory) or load less data at once.", e.Evidence, next)), true
 	}
 	if e.Signal != "" || (e.ExitCode != nil && *e.ExitCode != 0) {
 		what := e.Signal
 		if what == "" {
 			what = fmt.Sprintf("exit code %d", *e.ExitCode)
 		}
-		return ExplainVerdict{VerdictCrashed, fmt.Sprintf("The job's last attempt crashed (%s)%s; read the log tail above and `spillway logs %s --attempt %d`.", what, next, x.Job.ID, e.Attempt)}, true
+		return verdict(VerdictCrashed, fmt.Sprintf("The job's last attempt crashed (%s)%s; read the log tail above and `spillway logs %s --attempt %d`.", what, next, x.Job.ID, e.Attempt)), true
 	}
-	return ExplainVerdict{}, false
+	return api.ExplainVerdict{}, false
 }
 
-func (s *Server) pendingVerdict(x *Explanation) ExplainVerdict {
+func (s *Server) pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 	j := x.Job
 	r := j.Pending
 	if r == nil {
-		return ExplainVerdict{VerdictNew, "The job was just submitted and the scheduler has not looked at it yet; look again in a few seconds."}
+		return verdict(VerdictNew, "The job was just submitted and the scheduler has not looked at it yet; look again in a few seconds.")
 	}
 	c := x.Cluster
 	need := c.NeedsPerNode * c.NeedsNodes
@@ -642,7 +488,7 @@ func (s *Server) pendingVerdict(x *Explanation) ExplainVerdict {
 		if v, ok := crashVerdict(x, next); ok {
 			return v
 		}
-		return ExplainVerdict{VerdictBackoff, fmt.Sprintf("The job failed and waits out its retry backoff (%s); read the log tail above.", r.Message)}
+		return verdict(VerdictBackoff, fmt.Sprintf("The job failed and waits out its retry backoff (%s); read the log tail above.", r.Message))
 	case sched.ReasonQuota:
 		t := x.Team
 		quota := ""
@@ -653,30 +499,30 @@ func (s *Server) pendingVerdict(x *Explanation) ExplainVerdict {
 			}
 			quota += ")"
 		}
-		return ExplainVerdict{VerdictQuota, fmt.Sprintf("The job waits for its team's quota (%s): team %s's %d running job(s) hold %d GPUs%s, and it starts when they end — or ask an operator to raise the quota.",
-			r.Message, j.Spec.Team, t.RunningJobs, t.HeldGPUs, quota)}
+		return verdict(VerdictQuota, fmt.Sprintf("The job waits for its team's quota (%s): team %s's %d running job(s) hold %d GPUs%s, and it starts when they end — or ask an operator to raise the quota.",
+			r.Message, j.Spec.Team, t.RunningJobs, t.HeldGPUs, quota))
 	case sched.ReasonResources:
 		if c.FreeGPUs >= need && c.MostFreeOnOneNode < c.NeedsPerNode {
-			return ExplainVerdict{VerdictWholeNode, fmt.Sprintf("The job needs %d GPUs on one node: %d GPUs are free but spread out (at most %d on one node)%s%s; it starts when a node frees up, or ask for fewer GPUs per node (resources.gpus with resources.nodes).",
-				c.NeedsPerNode, c.FreeGPUs, c.MostFreeOnOneNode, pos, eta)}
+			return verdict(VerdictWholeNode, fmt.Sprintf("The job needs %d GPUs on one node: %d GPUs are free but spread out (at most %d on one node)%s%s; it starts when a node frees up, or ask for fewer GPUs per node (resources.gpus with resources.nodes).",
+				c.NeedsPerNode, c.FreeGPUs, c.MostFreeOnOneNode, pos, eta))
 		}
-		return ExplainVerdict{VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.",
-			c.HeldGPUs, c.GPUs, need, pos, eta)}
+		return verdict(VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.",
+			c.HeldGPUs, c.GPUs, need, pos, eta))
 	case sched.ReasonGang:
-		return ExplainVerdict{VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.%s", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta, preflightNote(j))}
+		return verdict(VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.%s", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta, preflightNote(j)))
 	case sched.ReasonNoFit:
-		return ExplainVerdict{VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message)}
+		return verdict(VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message))
 	case burst.CodeBudget:
-		return ExplainVerdict{VerdictBurstBudget, fmt.Sprintf("On-prem GPUs are taken (%d free, it needs %d) and bursting to the cloud is blocked by the budget (%s); it waits for on-prem GPUs, or an operator raises the budget with `spillway budget set`.",
-			c.FreeGPUs, need, r.Message)}
+		return verdict(VerdictBurstBudget, fmt.Sprintf("On-prem GPUs are taken (%d free, it needs %d) and bursting to the cloud is blocked by the budget (%s); it waits for on-prem GPUs, or an operator raises the budget with `spillway budget set`.",
+			c.FreeGPUs, need, r.Message))
 	case burst.CodeBelowThreshold, burst.CodeMinWait, burst.CodeInProgress, burst.CodeNoOffer, burst.CodeCapped, burst.CodeNotEligible:
-		return ExplainVerdict{VerdictBurst, fmt.Sprintf("The job waits for GPUs (%d free, it needs %d) and will not burst yet: %s%s.", c.FreeGPUs, need, r.Message, pos)}
+		return verdict(VerdictBurst, fmt.Sprintf("The job waits for GPUs (%d free, it needs %d) and will not burst yet: %s%s.", c.FreeGPUs, need, r.Message, pos))
 	}
-	return ExplainVerdict{VerdictWaiting, fmt.Sprintf("The job waits: %s%s; nothing is wrong with it.", r.Message, eta)}
+	return verdict(VerdictWaiting, fmt.Sprintf("The job waits: %s%s; nothing is wrong with it.", r.Message, eta))
 }
 
 // explainSteps prints the walk as lines a CLI and a page show in order.
-func explainSteps(x *Explanation) []string {
+func explainSteps(x *api.Explanation) []string {
 	j := x.Job
 	var out []string
 	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
@@ -795,4 +641,9 @@ func ordinal(n int) string {
 		suffix = "rd"
 	}
 	return fmt.Sprintf("%d%s", n, suffix)
+}
+
+// verdict is an explanation's verdict: its code and the sentence for people.
+func verdict(code, sentence string) api.ExplainVerdict {
+	return api.ExplainVerdict{Code: code, Sentence: sentence}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
@@ -18,7 +20,7 @@ const (
 // explainRuntime fills the runtime's own account of the end from the
 // transition the agent's report made: its reason and message. An OOM kill
 // by the job's memory limit replaces the guess from the log.
-func explainRuntime(x *ExplainExit) {
+func explainRuntime(x *api.ExplainExit) {
 	detail := x.Detail
 	switch x.Reason {
 	case agentapi.ReasonImageNotFound, agentapi.ReasonPullDenied, agentapi.ReasonPullFailed, agentapi.ReasonRuntimeError:
@@ -54,21 +56,21 @@ func runtimeMessage(detail, marker string) string {
 }
 
 // runtimeVerdict says what to do about an end the runtime accounts for.
-func runtimeVerdict(x *Explanation) (ExplainVerdict, bool) {
+func runtimeVerdict(x *api.Explanation) (api.ExplainVerdict, bool) {
 	e := x.Exit
 	if e == nil {
-		return ExplainVerdict{}, false
+		return api.ExplainVerdict{}, false
 	}
 	j := x.Job
 	switch e.Reason {
 	case agentapi.ReasonImageNotFound:
-		return ExplainVerdict{VerdictImageNotFound, fmt.Sprintf("The node could not find image %s (%s); check the name and tag, or push the image where the nodes pull from. Nothing was retried.", j.Spec.Image, e.Runtime)}, true
+		return verdict(VerdictImageNotFound, fmt.Sprintf("The node could not find image %s (%s); check the name and tag, or push the image where the nodes pull from. Nothing was retried.", j.Spec.Image, e.Runtime)), true
 	case agentapi.ReasonPullDenied:
-		return ExplainVerdict{VerdictPullDenied, fmt.Sprintf("The registry refused to give the node image %s (%s); an operator must give the nodes credentials for it.", j.Spec.Image, e.Runtime)}, true
+		return verdict(VerdictPullDenied, fmt.Sprintf("The registry refused to give the node image %s (%s); an operator must give the nodes credentials for it.", j.Spec.Image, e.Runtime)), true
 	case agentapi.ReasonPullFailed, agentapi.ReasonRuntimeError:
-		return ExplainVerdict{VerdictRuntime, fmt.Sprintf("The node's runtime could not run the job: %s.", e.Runtime)}, true
+		return verdict(VerdictRuntime, fmt.Sprintf("The node's runtime could not run the job: %s.", e.Runtime)), true
 	case agentapi.ReasonOOMLimit:
-		return ExplainVerdict{VerdictMemoryLimit, fmt.Sprintf("The job was %s, not by a shortage on the node: raise resources.memory or make it use less.", e.Runtime)}, true
+		return verdict(VerdictMemoryLimit, fmt.Sprintf("The job was %s, not by a shortage on the node: raise resources.memory or make it use less.", e.Runtime)), true
 	}
-	return ExplainVerdict{}, false
+	return api.ExplainVerdict{}, false
 }

@@ -7,14 +7,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
-func (h *harness) explain(token, id string) *Explanation {
+func (h *harness) explain(token, id string) *api.Explanation {
 	h.t.Helper()
-	var x Explanation
+	var x api.Explanation
 	if code := h.do("GET", "/v1/jobs/"+id+"/explain", token, nil, &x); code != http.StatusOK {
 		h.t.Fatalf("explain %s: %d", id, code)
 	}
@@ -50,7 +52,7 @@ func (h *harness) writeLog(id string, text string) {
 	}
 }
 
-func wantVerdict(t *testing.T, x *Explanation, code string, words ...string) {
+func wantVerdict(t *testing.T, x *api.Explanation, code string, words ...string) {
 	t.Helper()
 	t.Log("\n" + strings.Join(x.Steps, "\n") + "\n=> " + x.Verdict.Sentence)
 	if x.Verdict.Code != code {

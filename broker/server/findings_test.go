@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
@@ -93,7 +95,7 @@ func TestFinding8JobTokenEndsWithJob(t *testing.T) {
 func TestFinding8UnitsTotalOverflow(t *testing.T) {
 	h := newHarness(t)
 	j := h.submit(tokAlice, oneGPU)
-	var ans UnitsAnswer
+	var ans api.UnitsAnswer
 	if code := h.do("POST", "/v1/jobs/"+j.ID+"/units", tokAlice, `{"units": 1000000000000000}`, &ans); code != http.StatusCreated {
 		t.Fatalf("report: %d", code)
 	}
@@ -144,7 +146,7 @@ func TestFinding8NodesHideOtherTeams(t *testing.T) {
 	a := h.agent("gpu-a", 2)
 	j := h.submit(tokBob, oneGPU)
 	h.settle(a)
-	var out struct{ Nodes []NodeView }
+	var out struct{ Nodes []api.NodeView }
 	h.do("GET", "/v1/nodes", tokAlice, nil, &out)
 	raw := fmt.Sprint(out)
 	if strings.Contains(raw, j.ID) {
@@ -208,7 +210,7 @@ func TestFinding8StoreErrors503(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("submit on a failed store: %d Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
-	var hz Health
+	var hz api.Health
 	if code := h.do("GET", "/healthz", "", nil, &hz); code != http.StatusServiceUnavailable || hz.Status != "unhealthy" || !strings.Contains(hz.Error, "store write failed") {
 		t.Fatalf("healthz after a failed write: %d %+v", code, hz)
 	}
@@ -243,7 +245,7 @@ func TestFinding8IdempotencyKey(t *testing.T) {
 	if c, _, _ := send(oneGPU, "bad key!"); c != http.StatusBadRequest {
 		t.Fatalf("malformed key: %d", c)
 	}
-	var list JobList
+	var list api.JobList
 	h.do("GET", "/v1/jobs", tokAlice, nil, &list)
 	if len(list.Jobs) != 1 {
 		t.Fatalf("%d jobs after a resent submit, want 1", len(list.Jobs))

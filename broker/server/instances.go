@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/billing"
@@ -16,28 +18,15 @@ import (
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
-// InstanceView is a burst machine as the API shows it.
-type InstanceView struct {
-	*broker.InstanceRecord
-	// Age is how long since the decision to launch it.
-	Age string `json:"age"`
-	// CostSoFar is the machine's cost in the ledger (usage and overhead).
-	CostSoFar billing.Amount `json:"costSoFar"`
-	Currency  string         `json:"currency"`
-	// RunningJobs hold its cards now; WaitingJobs are bound to it.
-	RunningJobs []string `json:"runningJobs,omitempty"`
-	WaitingJobs []string `json:"waitingJobs,omitempty"`
-}
-
-func (s *Server) instanceViews(c echo.Context, only string) ([]InstanceView, error) {
+func (s *Server) instanceViews(c echo.Context, only string) ([]api.InstanceView, error) {
 	now := s.clock.Now()
 	s.mu.Lock()
-	var views []InstanceView
+	var views []api.InstanceView
 	for id, r := range s.burst.instances {
 		if only != "" && id != only {
 			continue
 		}
-		v := InstanceView{InstanceRecord: r.Clone(), Currency: s.currency()}
+		v := api.InstanceView{InstanceRecord: r.Clone(), Currency: s.currency()}
 		v.Age = broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second))
 		for jid := range s.byNode[id] {
 			v.RunningJobs = append(v.RunningJobs, jid)
@@ -55,7 +44,7 @@ func (s *Server) instanceViews(c echo.Context, only string) ([]InstanceView, err
 		views = append(views, v)
 	}
 	s.mu.Unlock()
-	slices.SortFunc(views, func(a, b InstanceView) int { return strings.Compare(b.ID, a.ID) })
+	slices.SortFunc(views, func(a, b api.InstanceView) int { return strings.Compare(b.ID, a.ID) })
 	if len(views) == 0 {
 		return views, nil
 	}
@@ -79,7 +68,7 @@ func (s *Server) listInstances(c echo.Context) error {
 		return err
 	}
 	if views == nil {
-		views = []InstanceView{}
+		views = []api.InstanceView{}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"instances": views})
 }
@@ -113,15 +102,6 @@ func (s *Server) getInstance(c echo.Context) error {
 	return c.JSON(http.StatusOK, views[0])
 }
 
-// BurstPlan is the body of GET /v1/burst/plan.
-type BurstPlan struct {
-	Decision burst.Decision `json:"decision"`
-	Input    *burst.Input   `json:"input"`
-	// Providers are the configured providers' names; none means the
-	// broker cannot burst at all.
-	Providers []string `json:"providers"`
-}
-
 func (s *Server) burstPlan(c echo.Context) error {
 	d, in, err := s.PlanBurst(c.Request().Context())
 	if err != nil {
@@ -134,22 +114,12 @@ func (s *Server) burstPlan(c echo.Context) error {
 	}
 	s.mu.Unlock()
 	slices.Sort(names)
-	return c.JSON(http.StatusOK, BurstPlan{Decision: d, Input: in, Providers: names})
+	return c.JSON(http.StatusOK, api.BurstPlan{Decision: d, Input: in, Providers: names})
 }
 
-// BudgetView is one budget with this month's money.
-type BudgetView struct {
-	broker.Budget
-	Month     string         `json:"month"`
-	Spent     billing.Amount `json:"spent"`
-	Reserved  billing.Amount `json:"reserved"`
-	Remaining billing.Amount `json:"remaining"`
-	UsedRatio float64        `json:"usedRatio"`
-}
-
-func (s *Server) budgetViews(c echo.Context) ([]BudgetView, error) {
+func (s *Server) budgetViews(c echo.Context) ([]api.BudgetView, error) {
 	month := s.clock.Now().In(s.billingZone()).Format("2006-01")
-	var out []BudgetView
+	var out []api.BudgetView
 	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
 		bs, err := broker.ListBudgets(tx)
 		if err != nil {
@@ -160,7 +130,7 @@ func (s *Server) budgetViews(c echo.Context) ([]BudgetView, error) {
 			if err != nil {
 				return err
 			}
-			v := BudgetView{Budget: b, Month: month, Spent: m.Spent, Reserved: m.Reserved, Remaining: b.Limit - m.Committed()}
+			v := api.BudgetView{Budget: b, Month: month, Spent: m.Spent, Reserved: m.Reserved, Remaining: b.Limit - m.Committed()}
 			if b.Limit > 0 {
 				v.UsedRatio = float64(m.Committed()) / float64(b.Limit)
 			}
@@ -178,18 +148,12 @@ func (s *Server) listBudgets(c echo.Context) error {
 	}
 	p := principal(c)
 	if p.Role == config.RoleUser {
-		views = slices.DeleteFunc(views, func(v BudgetView) bool { return v.Scope != p.Team && v.Scope != broker.GlobalScope })
+		views = slices.DeleteFunc(views, func(v api.BudgetView) bool { return v.Scope != p.Team && v.Scope != broker.GlobalScope })
 	}
 	if views == nil {
-		views = []BudgetView{}
+		views = []api.BudgetView{}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"budgets": views, "currency": s.currency()})
-}
-
-// BudgetRequest is the body of PUT /v1/budgets/:scope.
-type BudgetRequest struct {
-	// Limit is the monthly budget as a decimal string ("5000", "1250.50").
-	Limit string `json:"limit"`
 }
 
 func (s *Server) setBudget(c echo.Context) error {
@@ -197,7 +161,7 @@ func (s *Server) setBudget(c echo.Context) error {
 	if scope != broker.GlobalScope && !nodeNameRe.MatchString(scope) {
 		return errBadRequest("scope", broker.CodeInvalid, "must be global or a team name")
 	}
-	var req BudgetRequest
+	var req api.BudgetRequest
 	if err := decodeBody(c, 4096, &req); err != nil {
 		return err
 	}

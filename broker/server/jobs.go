@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -235,13 +237,6 @@ func (s *Server) getJob(c echo.Context) error {
 	return c.JSON(http.StatusOK, j)
 }
 
-// JobList is the body of GET /v1/jobs.
-type JobList struct {
-	Jobs []*broker.Job `json:"jobs"`
-	// Next is the cursor for the following page, "" on the last.
-	Next string `json:"next,omitempty"`
-}
-
 func (s *Server) listJobs(c echo.Context) error {
 	p := principal(c)
 	f := broker.JobFilter{Team: c.QueryParam("team"), Queue: c.QueryParam("queue"), Cursor: c.QueryParam("cursor")}
@@ -267,7 +262,7 @@ func (s *Server) listJobs(c echo.Context) error {
 		}
 		f.Limit = n
 	}
-	var out JobList
+	var out api.JobList
 	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
 		var err error
 		out.Jobs, out.Next, err = broker.ListJobs(tx, f)
@@ -326,17 +321,8 @@ func (s *Server) cancel(c echo.Context) error {
 	return c.JSON(http.StatusAccepted, jj)
 }
 
-// Whoami is the body of GET /v1/whoami.
-type Whoami struct {
-	Principal
-	Version string `json:"version"`
-	// Priorities and Teams are the config's, for the CLI's completion.
-	Priorities []string `json:"priorities,omitempty"`
-	Teams      []string `json:"teams,omitempty"`
-}
-
 func (s *Server) whoami(c echo.Context) error {
-	w := Whoami{Principal: principal(c), Version: Version}
+	w := api.Whoami{Principal: principal(c), Version: api.Version}
 	for _, p := range s.cfg().Priorities {
 		w.Priorities = append(w.Priorities, p.Name)
 	}

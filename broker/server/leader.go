@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -305,8 +307,8 @@ func (s *Server) leaderGate(next echo.HandlerFunc) echo.HandlerFunc {
 
 // health is the body and status of /healthz: 503 when the store is
 // unreachable, with the reason.
-func (s *Server) health(ctx context.Context) (Health, int) {
-	h := Health{Status: "ok", Version: Version, Leader: true}
+func (s *Server) health(ctx context.Context) (api.Health, int) {
+	h := api.Health{Status: "ok", Version: api.Version, Leader: true}
 	if s.ha == nil {
 		return h, http.StatusOK
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/broker/clock"
@@ -118,7 +120,7 @@ func TestStandbyServesReadsAndRedirectsWrites(t *testing.T) {
 	if code := h.do("GET", "/v1/jobs/"+j.ID, tokAlice, nil, nil); code != http.StatusOK {
 		t.Fatalf("standby GET job = %d", code)
 	}
-	var list JobList
+	var list api.JobList
 	if h.do("GET", "/v1/jobs", tokAlice, nil, &list); len(list.Jobs) != 1 {
 		t.Fatalf("standby lists %d jobs", len(list.Jobs))
 	}
@@ -131,7 +133,7 @@ func TestStandbyServesReadsAndRedirectsWrites(t *testing.T) {
 			t.Errorf("standby %s %s = %d to %q, want 307 to the leader", c.method, c.path, resp.StatusCode, resp.Header.Get("Location"))
 		}
 	}
-	var hz Health
+	var hz api.Health
 	if code := h.do("GET", "/healthz", "", nil, &hz); code != http.StatusOK || hz.Leader || hz.LeaderURL != otherLeader {
 		t.Fatalf("standby health = %d %+v", code, hz)
 	}
@@ -292,7 +294,7 @@ func TestStoreOutageStopsDecisions(t *testing.T) {
 	if got := h.job(running.ID); got.State != broker.StateRunning {
 		t.Fatalf("running job %s while the store was down", got.State)
 	}
-	var hz Health
+	var hz api.Health
 	if code := h.do("GET", "/healthz", "", nil, &hz); code != http.StatusServiceUnavailable || hz.Status != "unhealthy" || !strings.Contains(hz.Error, "connection refused") {
 		t.Fatalf("health during the outage = %d %+v", code, hz)
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 )
 
@@ -45,7 +47,7 @@ func TestFinding6TeamSubmitRate(t *testing.T) {
 	if code, _ := h.submitCode(tokBob, oneGPU); code != http.StatusCreated {
 		t.Fatalf("the other team's submit: %d", code)
 	}
-	var list JobList
+	var list api.JobList
 	if code := h.do("GET", "/v1/jobs?limit=10", tokBob, nil, &list); code != http.StatusOK || len(list.Jobs) != 1 || list.Jobs[0].Spec.Team != "vision" {
 		t.Fatalf("the other team's listing: %d %d jobs", code, len(list.Jobs))
 	}

@@ -4,42 +4,16 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"time"
+
+	"github.com/spillway-dev/spillway/broker/api"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
-	"github.com/spillway-dev/spillway/onprem/gpu"
 )
 
-// CardView is one GPU as the API shows it: what it is, who holds it, how
-// busy it is.
-type CardView struct {
-	Index       int    `json:"index"`
-	UUID        string `json:"uuid"`
-	Model       string `json:"model"`
-	MemoryBytes int64  `json:"memoryBytes"`
-	// Job and Team hold the card ("" when free).
-	Jobs      []string `json:"jobs,omitempty"`
-	Teams     []string `json:"teams,omitempty"`
-	Unhealthy string   `json:"unhealthy,omitempty"`
-	// Telemetry is the card's latest sample, if the agent sent one.
-	Telemetry *gpu.DeviceSample `json:"telemetry,omitempty"`
-	// ProcessJobs maps the PIDs on the card to their jobs, where known.
-	ProcessJobs map[int]string `json:"processJobs,omitempty"`
-}
-
-// NodeView is a node with its cards.
-type NodeView struct {
-	*broker.Node
-	Cards    []CardView `json:"cards"`
-	FreeGPUs int        `json:"freeGpus"`
-	// SampledAt is when the latest telemetry was taken.
-	SampledAt *time.Time `json:"sampledAt,omitempty"`
-}
-
-func (s *Server) nodeViewsLocked() []NodeView {
+func (s *Server) nodeViewsLocked() []api.NodeView {
 	holders := map[string]map[int][]*broker.Job{}
 	for node, ids := range s.byNode {
 		for id := range ids {
@@ -53,16 +27,16 @@ func (s *Server) nodeViewsLocked() []NodeView {
 			}
 		}
 	}
-	out := make([]NodeView, 0, len(s.nodes))
+	out := make([]api.NodeView, 0, len(s.nodes))
 	for _, n := range s.nodes {
-		v := NodeView{Node: n}
+		v := api.NodeView{Node: n}
 		sample := s.telemetry[n.Name]
 		if sample != nil {
 			at := sample.At
 			v.SampledAt = &at
 		}
 		for _, d := range n.Inventory.Devices {
-			cv := CardView{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryBytes: d.MemoryBytes, Unhealthy: n.Unhealthy[d.Index]}
+			cv := api.CardView{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryBytes: d.MemoryBytes, Unhealthy: n.Unhealthy[d.Index]}
 			hs := holders[n.Name][d.Index]
 			slices.SortFunc(hs, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
 			for _, j := range hs {
@@ -92,7 +66,7 @@ func (s *Server) nodeViewsLocked() []NodeView {
 		}
 		out = append(out, v)
 	}
-	slices.SortFunc(out, func(a, b NodeView) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b api.NodeView) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
@@ -123,11 +97,11 @@ const HiddenJob = "(another team's job)"
 // ids on the cards and the names of their processes (the team holding a
 // card stays: "who holds that card" is the question the view answers).
 // Operators see everything.
-func redactNodeViews(views []NodeView, p Principal) []NodeView {
+func redactNodeViews(views []api.NodeView, p api.Principal) []api.NodeView {
 	if p.Role == config.RoleOperator {
 		return views
 	}
-	out := make([]NodeView, len(views))
+	out := make([]api.NodeView, len(views))
 	for i, v := range views {
 		v.Cards = slices.Clone(v.Cards)
 		for ci := range v.Cards {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/spillway-dev/spillway/broker/api"
 	"net/http"
 	"slices"
 
@@ -9,16 +10,6 @@ import (
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/providers"
 )
-
-// OfferView is one offer as the burst controller sees it now, and why a
-// decision would leave it out (GET /v1/offers, `spillway offers`).
-type OfferView struct {
-	providers.Offer
-	// Skip is the reason code when decisions leave the offer out now
-	// (unavailable, no_gpus, cooling_down); empty when it may be chosen.
-	Skip       string `json:"skip,omitempty"`
-	SkipDetail string `json:"skipDetail,omitempty"`
-}
 
 // listOffers answers GET /v1/offers: every provider's offers (refreshed
 // when the cache is old), in the order decisions try them, with the
@@ -38,10 +29,10 @@ func (s *Server) listOffers(c echo.Context) error {
 	s.mu.Unlock()
 	offers := slices.Clone(in.Offers)
 	providers.SortOffers(offers)
-	out := make([]OfferView, 0, len(offers))
+	out := make([]api.OfferView, 0, len(offers))
 	for _, o := range offers {
 		code, detail := burst.OfferSkip(in, o)
-		out = append(out, OfferView{Offer: o, Skip: code, SkipDetail: detail})
+		out = append(out, api.OfferView{Offer: o, Skip: code, SkipDetail: detail})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"offers": out})
 }

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/coreos/go-oidc/v3/oidc"
 	"github.com/labstack/echo/v4"
 	"golang.org/x/oauth2"
@@ -35,32 +37,11 @@ const sessionPrefix = "spsess."
 
 // Session is a person's login.
 type Session struct {
-	ID        string    `json:"id"`
-	Principal Principal `json:"principal"`
-	Subject   string    `json:"subject"`
-	IssuedAt  time.Time `json:"issuedAt"`
-	ExpiresAt time.Time `json:"expiresAt"`
-}
-
-// LoginConfig is GET /v1/login: what a client needs to start a login.
-type LoginConfig struct {
-	Issuer                      string   `json:"issuer"`
-	ClientID                    string   `json:"clientID"`
-	DeviceAuthorizationEndpoint string   `json:"deviceAuthorizationEndpoint,omitempty"`
-	TokenEndpoint               string   `json:"tokenEndpoint"`
-	Scopes                      []string `json:"scopes"`
-}
-
-// LoginRequest is POST /v1/login: the ID token the client got.
-type LoginRequest struct {
-	IDToken string `json:"idToken"`
-}
-
-// LoginAnswer is the broker's session for the person.
-type LoginAnswer struct {
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expiresAt"`
-	Principal Principal `json:"principal"`
+	ID        string        `json:"id"`
+	Principal api.Principal `json:"principal"`
+	Subject   string        `json:"subject"`
+	IssuedAt  time.Time     `json:"issuedAt"`
+	ExpiresAt time.Time     `json:"expiresAt"`
 }
 
 type oidcState struct {
@@ -115,13 +96,13 @@ func (s *Server) loginConfig(c echo.Context) error {
 		return err
 	}
 	oc := s.oauthConfig(p)
-	return c.JSON(http.StatusOK, LoginConfig{Issuer: s.cfg().OIDC.Issuer, ClientID: oc.ClientID, DeviceAuthorizationEndpoint: device,
+	return c.JSON(http.StatusOK, api.LoginConfig{Issuer: s.cfg().OIDC.Issuer, ClientID: oc.ClientID, DeviceAuthorizationEndpoint: device,
 		TokenEndpoint: p.Endpoint().TokenURL, Scopes: oc.Scopes})
 }
 
 // login serves POST /v1/login: an ID token for a session.
 func (s *Server) login(c echo.Context) error {
-	var req LoginRequest
+	var req api.LoginRequest
 	if err := decodeBody(c, 64<<10, &req); err != nil {
 		return err
 	}
@@ -133,7 +114,7 @@ func (s *Server) login(c echo.Context) error {
 }
 
 // sessionFor verifies an ID token, maps it and stores a session.
-func (s *Server) sessionFor(c echo.Context, rawIDToken string) (*LoginAnswer, error) {
+func (s *Server) sessionFor(c echo.Context, rawIDToken string) (*api.LoginAnswer, error) {
 	ctx := c.Request().Context()
 	p, _, err := s.oidcProvider(ctx)
 	if err != nil {
@@ -172,17 +153,17 @@ func (s *Server) sessionFor(c echo.Context, rawIDToken string) (*LoginAnswer, er
 	}
 	c.Set(principalKey, pr) // the audit log names the person
 	s.log.Info("login", "name", pr.Name, "role", pr.Role, "team", pr.Team, "subject", tok.Subject, "from", c.RealIP())
-	return &LoginAnswer{Token: secret, ExpiresAt: sess.ExpiresAt, Principal: pr}, nil
+	return &api.LoginAnswer{Token: secret, ExpiresAt: sess.ExpiresAt, Principal: pr}, nil
 }
 
 // mapClaims applies the first matching rule.
-func mapClaims(rules []config.OIDCRule, claims map[string]any) (Principal, bool) {
+func mapClaims(rules []config.OIDCRule, claims map[string]any) (api.Principal, bool) {
 	for _, r := range rules {
 		if claimHolds(claims[r.Claim], r.Value) {
-			return Principal{Role: r.Role, Team: r.Team}, true
+			return api.Principal{Role: r.Role, Team: r.Team}, true
 		}
 	}
-	return Principal{}, false
+	return api.Principal{}, false
 }
 
 func claimHolds(v any, want string) bool {
@@ -218,7 +199,7 @@ func clipName(s string) string {
 }
 
 // lookupSession resolves a session token; expired ones are not found.
-func (s *Server) lookupSession(ctx context.Context, secret string) (Principal, bool) {
+func (s *Server) lookupSession(ctx context.Context, secret string) (api.Principal, bool) {
 	var sess Session
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		id, err := tx.Get(BucketSessions, "h/"+secretHash(secret))
@@ -232,7 +213,7 @@ func (s *Server) lookupSession(ctx context.Context, secret string) (Principal, b
 		return json.Unmarshal(raw, &sess)
 	})
 	if err != nil || !s.clock.Now().Before(sess.ExpiresAt) {
-		return Principal{}, false
+		return api.Principal{}, false
 	}
 	return sess.Principal, true
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/oidctest"
@@ -34,19 +36,19 @@ func oidcHarness(t *testing.T) (*harness, *oidctest.Provider) {
 // audience and a person no rule admits are refused.
 func TestOIDCLogin(t *testing.T) {
 	h, p := oidcHarness(t)
-	var cfg LoginConfig
+	var cfg api.LoginConfig
 	if code := h.do("GET", "/v1/login", "", nil, &cfg); code != http.StatusOK || cfg.DeviceAuthorizationEndpoint != p.URL+"/device" {
 		t.Fatalf("login config: %d %+v", code, cfg)
 	}
 	idt := p.IDToken(map[string]any{"sub": "u-1", "email": "carol@example.com", "groups": []string{"staff", "ml-nlp"}})
-	var ans LoginAnswer
-	if code := h.do("POST", "/v1/login", "", LoginRequest{IDToken: idt}, &ans); code != http.StatusOK || !strings.HasPrefix(ans.Token, "spsess.") {
+	var ans api.LoginAnswer
+	if code := h.do("POST", "/v1/login", "", api.LoginRequest{IDToken: idt}, &ans); code != http.StatusOK || !strings.HasPrefix(ans.Token, "spsess.") {
 		t.Fatalf("login: %d %+v", code, ans)
 	}
 	if ans.Principal.Role != config.RoleUser || ans.Principal.Team != "nlp" || ans.Principal.Name != "carol@example.com" {
 		t.Fatalf("principal %+v", ans.Principal)
 	}
-	var who Principal
+	var who api.Principal
 	if code := h.do("GET", "/v1/whoami", ans.Token, nil, &who); code != http.StatusOK || who.Team != "nlp" {
 		t.Fatalf("whoami with the session: %d %+v", code, who)
 	}
@@ -66,11 +68,11 @@ func TestOIDCLogin(t *testing.T) {
 		"another audience": p.Sign(map[string]any{"iss": p.URL, "aud": "other", "sub": "u", "exp": h.clock.Now().Add(time.Hour).Unix(), "iat": h.clock.Now().Unix(), "groups": []string{"ml-ops"}}),
 		"expired":          p.Sign(map[string]any{"iss": p.URL, "aud": "spillway", "sub": "u", "exp": h.clock.Now().Add(-time.Minute).Unix(), "iat": h.clock.Now().Add(-time.Hour).Unix(), "groups": []string{"ml-ops"}}),
 	} {
-		if code := h.do("POST", "/v1/login", "", LoginRequest{IDToken: tok}, nil); code != http.StatusUnauthorized {
+		if code := h.do("POST", "/v1/login", "", api.LoginRequest{IDToken: tok}, nil); code != http.StatusUnauthorized {
 			t.Errorf("%s: %d, want 401", name, code)
 		}
 	}
-	if code := h.do("POST", "/v1/login", "", LoginRequest{IDToken: p.IDToken(map[string]any{"sub": "u-2", "groups": []string{"staff"}})}, nil); code != http.StatusForbidden {
+	if code := h.do("POST", "/v1/login", "", api.LoginRequest{IDToken: p.IDToken(map[string]any{"sub": "u-2", "groups": []string{"staff"}})}, nil); code != http.StatusForbidden {
 		t.Errorf("no rule admits: %d, want 403", code)
 	}
 	// Sessions end.
@@ -107,7 +109,7 @@ func TestOIDCDashboardCodeFlow(t *testing.T) {
 		t.Fatalf("the code flow ended at %v (%d)", final, resp.StatusCode)
 	}
 	tok := strings.TrimPrefix(final.Fragment, "session=")
-	var who Principal
+	var who api.Principal
 	if code := h.do("GET", "/v1/whoami", tok, nil, &who); code != http.StatusOK || who.Role != config.RoleOperator || who.Name != "ops@example.com" {
 		t.Fatalf("whoami: %d %+v", code, who)
 	}

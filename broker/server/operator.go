@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -16,15 +18,8 @@ import (
 // drain and undrain a node; hold, release and re-prioritise a job. Each
 // writes an audit record in the same transaction as the change.
 
-// ControlRequest is the optional body of the control calls.
-type ControlRequest struct {
-	Reason string `json:"reason,omitempty"`
-	// Priority is the new priority class (PUT /v1/jobs/{id}/priority).
-	Priority string `json:"priority,omitempty"`
-}
-
-func readControl(c echo.Context) (ControlRequest, error) {
-	var req ControlRequest
+func readControl(c echo.Context) (api.ControlRequest, error) {
+	var req api.ControlRequest
 	if c.Request().ContentLength == 0 {
 		return req, nil
 	}

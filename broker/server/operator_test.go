@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
 )
@@ -123,7 +125,7 @@ func assertAudit(t *testing.T, h *harness, actions ...string) {
 // reload replaces the config's tokens.
 func TestTokensListRevokeReload(t *testing.T) {
 	h := newHarness(t)
-	var list struct{ Tokens []TokenView }
+	var list struct{ Tokens []api.TokenView }
 	if code := h.do("GET", "/v1/tokens", tokAdmin, nil, &list); code != http.StatusOK || len(list.Tokens) == 0 {
 		t.Fatalf("list: %d %+v", code, list)
 	}

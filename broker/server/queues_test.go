@@ -3,6 +3,8 @@ package server
 import (
 	"net/http"
 	"testing"
+
+	"github.com/spillway-dev/spillway/broker/api"
 )
 
 func TestQueueOverview(t *testing.T) {
@@ -17,12 +19,12 @@ func TestQueueOverview(t *testing.T) {
 	h.cycle()
 	a.sync()
 	var out struct {
-		Queues []QueueView `json:"queues"`
+		Queues []api.QueueView `json:"queues"`
 	}
 	if code := h.do("GET", "/v1/queues", tokAlice, nil, &out); code != http.StatusOK {
 		t.Fatalf("queues: %d", code)
 	}
-	var def QueueView
+	var def api.QueueView
 	for _, q := range out.Queues {
 		if q.Name == "default" {
 			def = q

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"github.com/spillway-dev/spillway/broker/api"
 	"net/http"
 	"strings"
 	"testing"
@@ -139,7 +140,7 @@ func TestOffersShowCoolDown(t *testing.T) {
 	j := r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
 	r.until("running", 300, func() bool { return r.job(j.ID).State == broker.StateRunning })
 	var got struct {
-		Offers []OfferView `json:"offers"`
+		Offers []api.OfferView `json:"offers"`
 	}
 	if code := r.do("GET", "/v1/offers", tokAlice, nil, &got); code != http.StatusOK {
 		t.Fatalf("GET /v1/offers: %d", code)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/billing"
@@ -102,124 +104,18 @@ func copyAlloc(tx broker.Tx, job string, attempt int, node string) error {
 	return tx.Put(BucketAllocHistory, allocHistoryKey(a), raw)
 }
 
-// UtilRow is one team × pool × GPU model × shift.
-type UtilRow struct {
-	Team     string `json:"team"`
-	Pool     string `json:"pool"`
-	GPUModel string `json:"gpuModel"`
-	Shift    string `json:"shift"`
-	UtilTotals
-}
-
-// UtilTotals are the sums of a row. The GPU-millisecond and money fields
-// are exact integer shares of ledger entries: an entry that spans a shift
-// change is split by time, the remainder to its last piece, so every sum
-// equals the ledger's.
-type UtilTotals struct {
-	// GPUMillis is the GPU-time allocated, as the ledger charges it (burst
-	// overhead included, under the team that pays it).
-	GPUMillis int64 `json:"gpuMillis"`
-	// OverheadGPUMillis is the part of GPUMillis that was burst overhead.
-	OverheadGPUMillis int64 `json:"overheadGpuMillis"`
-	// EffectiveGPUMillis is the GPU-time computing: allocated time scaled
-	// by measured compute utilisation.
-	EffectiveGPUMillis int64 `json:"effectiveGpuMillis"`
-	// MeasuredGPUMillis is the allocated time telemetry covered.
-	MeasuredGPUMillis int64          `json:"measuredGpuMillis"`
-	Cost              billing.Amount `json:"cost"`
-	// MemoryByteSeconds is GPU memory in use on the cards held, over time;
-	// CardSeconds the card-time telemetry covered it on.
-	MemoryByteSeconds float64 `json:"memoryByteSeconds"`
-	CardSeconds       float64 `json:"cardSeconds"`
-
-	// Derived for people.
-	GPUHours          string  `json:"gpuHours"`
-	ComputingGPUHours string  `json:"computingGpuHours"`
-	Utilization       float64 `json:"utilization"`
-	MemoryGiBHours    float64 `json:"memoryGiBHours"`
-	MeanMemoryBytes   int64   `json:"meanMemoryBytes"`
-}
-
-func (t *UtilTotals) add(o UtilTotals) {
-	t.GPUMillis += o.GPUMillis
-	t.OverheadGPUMillis += o.OverheadGPUMillis
-	t.EffectiveGPUMillis += o.EffectiveGPUMillis
-	t.MeasuredGPUMillis += o.MeasuredGPUMillis
-	t.Cost += o.Cost
-	t.MemoryByteSeconds += o.MemoryByteSeconds
-	t.CardSeconds += o.CardSeconds
-}
-
-func (t *UtilTotals) derive() {
-	t.GPUHours = billing.FormatGPUHours(t.GPUMillis)
-	t.ComputingGPUHours = billing.FormatGPUHours(t.EffectiveGPUMillis)
-	if t.MeasuredGPUMillis > 0 {
-		t.Utilization = float64(t.EffectiveGPUMillis) / float64(t.MeasuredGPUMillis)
-	}
-	t.MemoryGiBHours = t.MemoryByteSeconds / 3600 / (1 << 30)
-	if t.CardSeconds > 0 {
-		t.MeanMemoryBytes = int64(t.MemoryByteSeconds / t.CardSeconds)
-	}
-}
-
-// IdleHolder is a job that held GPU memory while its cards computed under
-// the idle threshold.
-type IdleHolder struct {
-	Job  string `json:"job"`
-	Team string `json:"team"`
-	// IdleCardSeconds is card-time held idle with memory in use.
-	IdleCardSeconds float64 `json:"idleCardSeconds"`
-	// MeanMemoryBytes is the memory held on those cards, on average.
-	MeanMemoryBytes int64     `json:"meanMemoryBytes"`
-	First           time.Time `json:"first"`
-	Last            time.Time `json:"last"`
-
-	memSeconds float64
-}
-
-// IdleCard is a card and how long it computed under the idle threshold.
-type IdleCard struct {
-	Node string `json:"node"`
-	GPU  int    `json:"gpu"`
-	// IdleSeconds is the card-time under the threshold in the period;
-	// HeldIdleSeconds the part of it a job held the card.
-	IdleSeconds     float64 `json:"idleSeconds"`
-	HeldIdleSeconds float64 `json:"heldIdleSeconds"`
-	// LongestIdle is the longest unbroken stretch under the threshold,
-	// ending at LongestIdleEnd.
-	LongestIdleSeconds float64   `json:"longestIdleSeconds"`
-	LongestIdleEnd     time.Time `json:"longestIdleEnd"`
-	// LastHolder is the last job seen holding the card while idle.
-	LastHolder string `json:"lastHolder,omitempty"`
-
+// idleCard is a card of the report while it is summed: the stretch under
+// the threshold it is in.
+type idleCard struct {
+	api.IdleCard
 	runStart, runEnd time.Time
 }
 
-// UtilizationReport is the body of GET /v1/reports/utilization.
-type UtilizationReport struct {
-	Period     billing.Period    `json:"period"`
-	Team       string            `json:"team,omitempty"`
-	Currency   string            `json:"currency,omitempty"`
-	Resolution broker.Resolution `json:"resolution"`
-	// Shifts says how hours were cut: the zone, the weekday day hours and
-	// the weekend days.
-	Shifts ShiftRules `json:"shifts"`
-	// IdleThreshold is the compute percent under which a card is idle.
-	IdleThreshold int          `json:"idleThreshold"`
-	Rows          []UtilRow    `json:"rows"`
-	Total         UtilTotals   `json:"total"`
-	IdleHolders   []IdleHolder `json:"idleHolders"`
-	IdleCards     []IdleCard   `json:"idleCards"`
-	// DataWaits are jobs whose GPUs waited on data in the period.
-	DataWaits []DataWaitJob `json:"dataWaits"`
-}
-
-// ShiftRules echo the reports section of the config.
-type ShiftRules struct {
-	TimeZone string   `json:"timeZone"`
-	DayStart int      `json:"dayStart"`
-	DayEnd   int      `json:"dayEnd"`
-	Weekend  []string `json:"weekend"`
+// idleHolder is a job of the report while it is summed: its memory over
+// the idle card-time.
+type idleHolder struct {
+	api.IdleHolder
+	memSeconds float64
 }
 
 // idleMemoryFloor is the memory in use above which an idle card counts as
@@ -301,7 +197,7 @@ type heldCard struct {
 	milli                  int64     // thousandths of the card
 }
 
-func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team string, res broker.Resolution) (*UtilizationReport, error) {
+func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team string, res broker.Resolution) (*api.UtilizationReport, error) {
 	now := s.clock.Now()
 	r := &s.cfg().Reports
 	if res == "" {
@@ -311,15 +207,15 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 		}
 	}
 	threshold := s.cfg().Idle.Threshold
-	rep := &UtilizationReport{Period: p, Team: team, Resolution: res, IdleThreshold: threshold, Rows: []UtilRow{},
-		IdleHolders: []IdleHolder{}, IdleCards: []IdleCard{},
-		Shifts: ShiftRules{TimeZone: r.Location().String(), DayStart: *r.DayStart, DayEnd: *r.DayEnd, Weekend: r.Weekend}}
+	rep := &api.UtilizationReport{Period: p, Team: team, Resolution: res, IdleThreshold: threshold, Rows: []api.UtilRow{},
+		IdleHolders: []api.IdleHolder{}, IdleCards: []api.IdleCard{},
+		Shifts: api.ShiftRules{TimeZone: r.Location().String(), DayStart: *r.DayStart, DayEnd: *r.DayEnd, Weekend: r.Weekend}}
 	type rowKey struct{ team, pool, model, shift string }
-	rows := map[rowKey]*UtilTotals{}
-	row := func(k rowKey) *UtilTotals {
+	rows := map[rowKey]*api.UtilTotals{}
+	row := func(k rowKey) *api.UtilTotals {
 		t := rows[k]
 		if t == nil {
-			t = &UtilTotals{}
+			t = &api.UtilTotals{}
 			rows[k] = t
 		}
 		return t
@@ -381,8 +277,8 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 
 	// 3. Memory and idleness: the telemetry, card by card, attributed.
 	width := res.Width()
-	holders := map[string]*IdleHolder{}
-	cards := map[gpuKey]*IdleCard{}
+	holders := map[string]*idleHolder{}
+	cards := map[gpuKey]*idleCard{}
 	err = s.store.View(ctx, func(tx broker.Tx) error {
 		return broker.ScanTelemetry(tx, res, p.From.Add(-width+time.Second), p.To, "", func(pt broker.TelemetryPoint) error {
 			a, b := maxT(pt.Start, p.From), minT(pt.Start.Add(width), p.To, now)
@@ -403,7 +299,7 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 			idle := pt.SMUtil < float64(threshold)
 			card := cards[k]
 			if card == nil {
-				card = &IdleCard{Node: pt.Node, GPU: pt.GPU}
+				card = &idleCard{IdleCard: api.IdleCard{Node: pt.Node, GPU: pt.GPU}}
 				cards[k] = card
 			}
 			if idle {
@@ -434,7 +330,7 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 				if idle && pt.MemoryUsedBytes >= idleMemoryFloor && (team == "" || h.team == team) {
 					ih := holders[h.job]
 					if ih == nil {
-						ih = &IdleHolder{Job: h.job, Team: h.team, First: a}
+						ih = &idleHolder{IdleHolder: api.IdleHolder{Job: h.job, Team: h.team, First: a}}
 						holders[h.job] = ih
 					}
 					ih.IdleCardSeconds += secs * f
@@ -458,29 +354,29 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 	})
 	for _, k := range keys {
 		t := rows[k]
-		rep.Total.add(*t)
-		t.derive()
-		rep.Rows = append(rep.Rows, UtilRow{Team: k.team, Pool: k.pool, GPUModel: k.model, Shift: k.shift, UtilTotals: *t})
+		rep.Total.Add(*t)
+		t.Derive()
+		rep.Rows = append(rep.Rows, api.UtilRow{Team: k.team, Pool: k.pool, GPUModel: k.model, Shift: k.shift, UtilTotals: *t})
 	}
-	rep.Total.derive()
+	rep.Total.Derive()
 	for _, ih := range holders {
 		if ih.IdleCardSeconds > 0 {
 			ih.MeanMemoryBytes = int64(ih.memSeconds / ih.IdleCardSeconds)
 		}
-		rep.IdleHolders = append(rep.IdleHolders, *ih)
+		rep.IdleHolders = append(rep.IdleHolders, ih.IdleHolder)
 	}
-	slices.SortFunc(rep.IdleHolders, func(a, b IdleHolder) int {
+	slices.SortFunc(rep.IdleHolders, func(a, b api.IdleHolder) int {
 		return cmpDesc(a.IdleCardSeconds*float64(a.MeanMemoryBytes), b.IdleCardSeconds*float64(b.MeanMemoryBytes), a.Job, b.Job)
 	})
 	rep.IdleHolders = rep.IdleHolders[:min(len(rep.IdleHolders), reportListLimit)]
 	if team == "" {
 		for _, c := range cards {
 			if c.IdleSeconds > 0 {
-				rep.IdleCards = append(rep.IdleCards, *c)
+				rep.IdleCards = append(rep.IdleCards, c.IdleCard)
 			}
 		}
 	}
-	slices.SortFunc(rep.IdleCards, func(a, b IdleCard) int {
+	slices.SortFunc(rep.IdleCards, func(a, b api.IdleCard) int {
 		return cmpDesc(a.IdleSeconds, b.IdleSeconds, fmt.Sprintf("%s/%03d", a.Node, a.GPU), fmt.Sprintf("%s/%03d", b.Node, b.GPU))
 	})
 	rep.IdleCards = rep.IdleCards[:min(len(rep.IdleCards), reportListLimit)]
@@ -515,7 +411,7 @@ func minT(ts ...time.Time) time.Time {
 }
 
 // writeUtilizationCSV writes one of the report's tables as CSV.
-func writeUtilizationCSV(w http.ResponseWriter, rep *UtilizationReport, table string) error {
+func writeUtilizationCSV(w http.ResponseWriter, rep *api.UtilizationReport, table string) error {
 	cw := csv.NewWriter(w)
 	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
 	gib := func(b float64) string { return f(b/(1<<30), 3) }
@@ -535,7 +431,7 @@ func writeUtilizationCSV(w http.ResponseWriter, rep *UtilizationReport, table st
 	default:
 		_ = cw.Write([]string{"team", "pool", "gpu_model", "shift", "gpu_hours_allocated", "gpu_hours_computing", "compute_utilization",
 			"overhead_gpu_hours", "memory_gib_hours", "mean_memory_gib", "cost", "currency"})
-		line := func(team, pool, model, shift string, t UtilTotals) {
+		line := func(team, pool, model, shift string, t api.UtilTotals) {
 			_ = cw.Write([]string{team, pool, model, shift, t.GPUHours, t.ComputingGPUHours, f(t.Utilization, 4),
 				billing.FormatGPUHours(t.OverheadGPUMillis), f(t.MemoryGiBHours, 3), gib(float64(t.MeanMemoryBytes)), t.Cost.String(), rep.Currency})
 		}

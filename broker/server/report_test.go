@@ -7,14 +7,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
-func (h *harness) utilization(token, query string) *UtilizationReport {
+func (h *harness) utilization(token, query string) *api.UtilizationReport {
 	h.t.Helper()
-	var rep UtilizationReport
+	var rep api.UtilizationReport
 	if code := h.do("GET", "/v1/reports/utilization?"+query, token, nil, &rep); code != http.StatusOK {
 		h.t.Fatalf("utilization %s: %d", query, code)
 	}
@@ -51,10 +53,10 @@ func TestUtilReportReconcilesWithLedger(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got UtilTotals
+		var got api.UtilTotals
 		for _, r := range rep.Rows {
 			if team == "" || r.Team == team {
-				got.add(r.UtilTotals)
+				got.Add(r.UtilTotals)
 			}
 		}
 		if want.GPUMillis == 0 || got.GPUMillis != want.GPUMillis || got.EffectiveGPUMillis != want.EffectiveGPUMillis ||
@@ -66,7 +68,7 @@ func TestUtilReportReconcilesWithLedger(t *testing.T) {
 	if rep.Total.GPUMillis != rowsSum(rep.Rows) {
 		t.Errorf("total %d is not the sum of rows %d", rep.Total.GPUMillis, rowsSum(rep.Rows))
 	}
-	byTeam := map[string]UtilRow{}
+	byTeam := map[string]api.UtilRow{}
 	for _, r := range rep.Rows {
 		if r.Shift != config.ShiftWeekdayDay || r.Pool != "onprem" || r.GPUModel != "H100" {
 			t.Errorf("row key %+v: Monday 09:00 UTC on-prem H100 expected", r)
@@ -118,7 +120,7 @@ func TestUtilReportReconcilesWithLedger(t *testing.T) {
 	}
 }
 
-func rowsSum(rows []UtilRow) int64 {
+func rowsSum(rows []api.UtilRow) int64 {
 	var n int64
 	for _, r := range rows {
 		n += r.GPUMillis

@@ -105,16 +105,6 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// Health is the body of /healthz.
-type Health struct {
-	Status  string `json:"status"` // ok | unhealthy
-	Version string `json:"version"`
-	Leader  bool   `json:"leader"`
-	// LeaderURL is where the leader is, when brokers elect one.
-	LeaderURL string `json:"leaderURL,omitempty"`
-	Error     string `json:"error,omitempty"`
-}
-
 func (s *Server) healthz(c echo.Context) error {
 	h, status := s.health(c.Request().Context())
 	if status == http.StatusOK {

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -30,9 +32,6 @@ import (
 // reasonPersistEvery bounds how often a job's changing pending reason is
 // written to the store.
 const reasonPersistEvery = 30 * time.Second
-
-// Version is reported by /healthz and to agents; set at build time.
-var Version = "dev"
 
 // Options are the parts a caller may inject; zero values get production
 // defaults.
@@ -261,7 +260,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
-	s.log.Info("broker serving", "addr", l.Addr().String(), "version", Version)
+	s.log.Info("broker serving", "addr", l.Addr().String(), "version", api.Version)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -58,7 +60,7 @@ func TestTeamsCannotSeeEachOther(t *testing.T) {
 	if code := h.do("POST", "/v1/jobs/"+j.ID+"/cancel", tokBob, nil, nil); code != http.StatusNotFound {
 		t.Errorf("bob cancel = %d, want 404", code)
 	}
-	var list JobList
+	var list api.JobList
 	h.do("GET", "/v1/jobs", tokBob, nil, &list)
 	if len(list.Jobs) != 0 {
 		t.Errorf("bob sees %d jobs", len(list.Jobs))
@@ -89,7 +91,7 @@ func TestRejectionNamesTheField(t *testing.T) {
 	if code != http.StatusBadRequest || body.Error.Code != broker.CodeTooLarge {
 		t.Fatalf("oversized spec: %d %+v", code, body)
 	}
-	var list JobList
+	var list api.JobList
 	h.do("GET", "/v1/jobs", tokAdmin, nil, &list)
 	if len(list.Jobs) != 0 {
 		t.Fatalf("a rejected spec left %d jobs", len(list.Jobs))

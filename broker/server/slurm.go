@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 	"golang.org/x/crypto/ssh"
 
@@ -43,42 +45,10 @@ type slurmState struct {
 	ctx context.Context
 }
 
-// SlurmRequest is the body of POST /v1/slurm/resume and /v1/slurm/suspend.
-type SlurmRequest struct {
-	// Nodes is a Slurm hostlist ("burst-[1-4]").
-	Nodes string `json:"nodes"`
-	// Jobs are the jobs slurmctld is resuming the nodes for (its
-	// SLURM_RESUME_FILE); a refused node's jobs get the reason as comment.
-	Jobs []SlurmResumeJob `json:"jobs,omitempty"`
-}
-
-// SlurmResumeJob is one job of SLURM_RESUME_FILE.
-type SlurmResumeJob struct {
-	JobID int64  `json:"job_id"`
-	Nodes string `json:"nodes"`
-}
-
-// SlurmResult answers a resume or suspend, one line per node.
-type SlurmResult struct {
-	Nodes []SlurmNodeResult `json:"nodes"`
-}
-
-// SlurmNodeResult is what the broker did for one node: launching,
-// launched (a machine was already there), refused (budget; the node is
-// DOWN with Reason), failed (no offer; DOWN), suspending, or none (no
-// machine to suspend).
-type SlurmNodeResult struct {
-	Node   string `json:"node"`
-	Action string `json:"action"`
-	Record string `json:"record,omitempty"`
-	Offer  string `json:"offer,omitempty"`
-	Reason string `json:"reason,omitempty"`
-}
-
 var errSlurmOff = newError(http.StatusNotFound, "slurm_not_configured", "this broker has no slurm: section in its config (docs/slurm.md)")
 
-func (s *Server) slurmRequest(c echo.Context) (SlurmRequest, []string, error) {
-	var req SlurmRequest
+func (s *Server) slurmRequest(c echo.Context) (api.SlurmRequest, []string, error) {
+	var req api.SlurmRequest
 	if s.cfg().Slurm == nil {
 		return req, nil, errSlurmOff
 	}
@@ -142,15 +112,15 @@ func (s *Server) liveSlurmRecordLocked(node string) *broker.InstanceRecord {
 // offers (cheapest first, the rest as fallbacks), a record and its budget
 // reservation in one transaction, then the launch worker. A node the
 // budget refuses, or that no offer serves, is set DOWN with the reason.
-func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []SlurmResumeJob) (SlurmResult, error) {
+func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []api.SlurmResumeJob) (api.SlurmResult, error) {
 	cfg := s.cfg().Slurm
 	cmds := s.slurmCommands()
 	now := s.clock.Now()
 	s.refreshOffers(ctx, now)
-	var res SlurmResult
-	var down []SlurmNodeResult
+	var res api.SlurmResult
+	var down []api.SlurmNodeResult
 	for _, name := range names {
-		r := SlurmNodeResult{Node: name}
+		r := api.SlurmNodeResult{Node: name}
 		s.mu.Lock()
 		wctx := s.slurm.ctx
 		live := s.liveSlurmRecordLocked(name)
@@ -345,10 +315,10 @@ func selects(sel config.SlurmOffer, o providers.Offer) bool {
 // draining and a worker waits out the node's running jobs (draining it in
 // Slurm if it has any), records its jobs for the ledger, stops slurmd and
 // deletes the machine.
-func (s *Server) SuspendSlurm(ctx context.Context, names []string) (SlurmResult, error) {
-	var res SlurmResult
+func (s *Server) SuspendSlurm(ctx context.Context, names []string) (api.SlurmResult, error) {
+	var res api.SlurmResult
 	for _, name := range names {
-		r := SlurmNodeResult{Node: name, Action: "none"}
+		r := api.SlurmNodeResult{Node: name, Action: "none"}
 		s.mu.Lock()
 		wctx := s.slurm.ctx
 		live := s.liveSlurmRecordLocked(name)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/clock"
@@ -21,7 +23,7 @@ import (
 func TestSlurmAPIWithoutSlurmSection(t *testing.T) {
 	h := newHarness(t)
 	var body map[string]map[string]string
-	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, SlurmRequest{Nodes: "burst-1"}, &body); code != http.StatusNotFound || body["error"]["code"] != "slurm_not_configured" {
+	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, api.SlurmRequest{Nodes: "burst-1"}, &body); code != http.StatusNotFound || body["error"]["code"] != "slurm_not_configured" {
 		t.Fatalf("resume without slurm: %d %v", code, body)
 	}
 }
@@ -76,7 +78,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func TestSlurmResume(t *testing.T) {
 	h, cloud := slurmHarness(t)
 	for scope, limit := range map[string]string{broker.GlobalScope: "10000", "nlp": "0.01"} {
-		if code := h.do("PUT", "/v1/budgets/"+scope, tokAdmin, BudgetRequest{Limit: limit}, nil); code != http.StatusOK {
+		if code := h.do("PUT", "/v1/budgets/"+scope, tokAdmin, api.BudgetRequest{Limit: limit}, nil); code != http.StatusOK {
 			t.Fatalf("budget %s: %d", scope, code)
 		}
 	}
@@ -86,20 +88,20 @@ func TestSlurmResume(t *testing.T) {
 		defer h.srv.mu.Unlock()
 		return h.srv.slurm.ctx != nil
 	})
-	if code := h.do("POST", "/v1/slurm/resume", tokAlice, SlurmRequest{Nodes: "burst-1"}, nil); code != http.StatusForbidden {
+	if code := h.do("POST", "/v1/slurm/resume", tokAlice, api.SlurmRequest{Nodes: "burst-1"}, nil); code != http.StatusForbidden {
 		t.Fatalf("a user may not resume nodes: %d", code)
 	}
-	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, SlurmRequest{Nodes: "burst-[2-1]"}, nil); code != http.StatusBadRequest {
+	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, api.SlurmRequest{Nodes: "burst-[2-1]"}, nil); code != http.StatusBadRequest {
 		t.Fatalf("a bad hostlist: %d", code)
 	}
 
 	// The team's budget refuses: both nodes, with the reason, nothing
 	// written.
-	var res SlurmResult
-	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, SlurmRequest{Nodes: "burst-[1-2],other-1"}, &res); code != http.StatusOK {
+	var res api.SlurmResult
+	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, api.SlurmRequest{Nodes: "burst-[1-2],other-1"}, &res); code != http.StatusOK {
 		t.Fatalf("resume: %d", code)
 	}
-	want := []SlurmNodeResult{
+	want := []api.SlurmNodeResult{
 		{Node: "burst-1", Action: "refused", Reason: "spillway: budget nlp exhausted"},
 		{Node: "burst-2", Action: "refused", Reason: "spillway: budget nlp exhausted"},
 		{Node: "other-1", Action: "failed", Reason: "spillway: no slurm.nodes entry matches other-1"},
@@ -116,11 +118,11 @@ func TestSlurmResume(t *testing.T) {
 
 	// Within the budget: the cheapest selected offer, the other as the
 	// fallback, the reservation in the same transaction.
-	if code := h.do("PUT", "/v1/budgets/nlp", tokAdmin, BudgetRequest{Limit: "1000"}, nil); code != http.StatusOK {
+	if code := h.do("PUT", "/v1/budgets/nlp", tokAdmin, api.BudgetRequest{Limit: "1000"}, nil); code != http.StatusOK {
 		t.Fatal("budget")
 	}
-	res = SlurmResult{}
-	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, SlurmRequest{Nodes: "burst-1"}, &res); code != http.StatusOK || len(res.Nodes) != 1 || res.Nodes[0].Action != "launching" {
+	res = api.SlurmResult{}
+	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, api.SlurmRequest{Nodes: "burst-1"}, &res); code != http.StatusOK || len(res.Nodes) != 1 || res.Nodes[0].Action != "launching" {
 		t.Fatalf("resume: %d %+v", code, res)
 	}
 	id := res.Nodes[0].Record
@@ -141,7 +143,7 @@ func TestSlurmResume(t *testing.T) {
 		t.Fatalf("failed launch: %s (%d deletes)", rec.Reason, len(cloud.DeleteCalls))
 	}
 	var budgets struct {
-		Budgets []BudgetView `json:"budgets"`
+		Budgets []api.BudgetView `json:"budgets"`
 	}
 	h.do("GET", "/v1/budgets", tokAdmin, nil, &budgets)
 	for _, b := range budgets.Budgets {
@@ -150,8 +152,8 @@ func TestSlurmResume(t *testing.T) {
 		}
 	}
 	// Suspending a node without a machine does nothing.
-	res = SlurmResult{}
-	if code := h.do("POST", "/v1/slurm/suspend", tokAdmin, SlurmRequest{Nodes: "burst-2"}, &res); code != http.StatusOK || res.Nodes[0].Action != "none" {
+	res = api.SlurmResult{}
+	if code := h.do("POST", "/v1/slurm/suspend", tokAdmin, api.SlurmRequest{Nodes: "burst-2"}, &res); code != http.StatusOK || res.Nodes[0].Action != "none" {
 		t.Fatalf("suspend: %d %+v", code, res)
 	}
 }

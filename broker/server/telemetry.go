@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -235,13 +237,6 @@ func (s *Server) checkIdleLocked(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// TelemetryPage is the body of GET /v1/telemetry.
-type TelemetryPage struct {
-	Resolution broker.Resolution       `json:"resolution"`
-	Points     []broker.TelemetryPoint `json:"points"`
-	Truncated  bool                    `json:"truncated,omitempty"`
-}
-
 const maxTelemetryPoints = 50_000
 
 // getTelemetry serves stored points: ?from=&to= (RFC 3339, default the last
@@ -267,7 +262,7 @@ func (s *Server) getTelemetry(c echo.Context) error {
 	default:
 		return errBadRequest("resolution", broker.CodeInvalid, "must be m (minute) or h (hour)")
 	}
-	page := TelemetryPage{Resolution: res, Points: []broker.TelemetryPoint{}}
+	page := api.TelemetryPage{Resolution: res, Points: []broker.TelemetryPoint{}}
 	err = s.store.View(c.Request().Context(), func(tx broker.Tx) error {
 		return broker.ScanTelemetry(tx, res, from, to, c.QueryParam("node"), func(p broker.TelemetryPoint) error {
 			if len(page.Points) == maxTelemetryPoints {

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 )
 
@@ -14,7 +16,7 @@ func TestTelemetryMinutesAndHours(t *testing.T) {
 	util := 40
 	a.util = &util
 	h.advance(2*time.Hour+time.Minute, a) // one sample per second
-	var minutes, hours TelemetryPage
+	var minutes, hours api.TelemetryPage
 	from := t0.Format(time.RFC3339)
 	to := t0.Add(3 * time.Hour).Format(time.RFC3339)
 	if code := h.do("GET", "/v1/telemetry?resolution=m&from="+from+"&to="+to, tokAlice, nil, &minutes); code != http.StatusOK {
@@ -54,7 +56,7 @@ func TestTelemetryRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.cycle()
-	var page TelemetryPage
+	var page api.TelemetryPage
 	h.do("GET", "/v1/telemetry?from="+t0.Add(-30*24*time.Hour).Format(time.RFC3339), tokAlice, nil, &page)
 	if len(page.Points) != 1 || !page.Points[0].Start.Equal(keep[0].Start) {
 		t.Fatalf("after pruning: %+v", page.Points)

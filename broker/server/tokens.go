@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -78,19 +80,11 @@ func (s *Server) reloadTokens(tokens []config.Token) {
 	s.log.Info("auth tokens reloaded", "tokens", len(tokens))
 }
 
-// TokenView is one token as GET /v1/tokens lists it: never the secret.
-type TokenView struct {
-	Name    string `json:"name"`
-	Role    string `json:"role"`
-	Team    string `json:"team,omitempty"`
-	Revoked bool   `json:"revoked"`
-}
-
 func (s *Server) listTokens(c echo.Context) error {
 	tokens, revoked := s.activeTokens()
-	out := make([]TokenView, 0, len(tokens))
+	out := make([]api.TokenView, 0, len(tokens))
 	for _, t := range tokens {
-		out = append(out, TokenView{Name: t.Name, Role: t.Role, Team: t.Team, Revoked: revoked[tokenHash(t)]})
+		out = append(out, api.TokenView{Name: t.Name, Role: t.Role, Team: t.Team, Revoked: revoked[tokenHash(t)]})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"tokens": out})
 }
@@ -126,5 +120,5 @@ func (s *Server) revokeToken(c echo.Context) error {
 	ts.revoked[hash] = true
 	ts.mu.Unlock()
 	s.log.Info("token revoked", "token", name, "by", p.Name)
-	return c.JSON(http.StatusOK, TokenView{Name: name, Revoked: true})
+	return c.JSON(http.StatusOK, api.TokenView{Name: name, Revoked: true})
 }

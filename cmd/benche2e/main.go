@@ -37,6 +37,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/broker/client"
@@ -229,7 +231,7 @@ auth:
 			return nil, err
 		}
 		ag, err := agent.New(agent.Config{Broker: c.url, Token: agentTok, Name: name,
-			DataDir: filepath.Join(dir, "agents", name), Version: server.Version}, be, log)
+			DataDir: filepath.Join(dir, "agents", name), Version: api.Version}, be, log)
 		if err != nil {
 			cancel()
 			wg.Wait()

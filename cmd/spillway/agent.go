@@ -5,11 +5,12 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
-	"github.com/spillway-dev/spillway/broker/server"
 	"github.com/spillway-dev/spillway/onprem/agent"
 	"github.com/spillway-dev/spillway/onprem/gpu/backends"
 )
@@ -81,7 +82,7 @@ JSON and exits, to check a node by hand.`,
 			if c.JoinToken == "" {
 				c.JoinToken = os.Getenv("SPILLWAY_JOIN_TOKEN")
 			}
-			c.Version = server.Version
+			c.Version = api.Version
 			ag, err := agent.New(c, backend, log)
 			if err != nil {
 				return err

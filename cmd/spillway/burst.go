@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func burstCmd(g *globals) *cobra.Command {
@@ -21,8 +22,8 @@ func burstCmd(g *globals) *cobra.Command {
 		Short: "Print the decision the burst controller would take now, without acting (operator)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return show(g, cmd, func(c *client.Client) (*server.BurstPlan, error) { return c.BurstPlan(cmd.Context()) },
-				func(p *server.BurstPlan) error {
+			return show(g, cmd, func(c *client.Client) (*api.BurstPlan, error) { return c.BurstPlan(cmd.Context()) },
+				func(p *api.BurstPlan) error {
 					d, in := p.Decision, p.Input
 					state := "idle"
 					if d.Active {
@@ -111,8 +112,8 @@ func budgetCmd(g *globals) *cobra.Command {
 		Short: "Budgets with this month's spend, reservations and what remains",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return show(g, cmd, func(c *client.Client) ([]server.BudgetView, error) { return c.Budgets(cmd.Context()) },
-				func(bs []server.BudgetView) error {
+			return show(g, cmd, func(c *client.Client) ([]api.BudgetView, error) { return c.Budgets(cmd.Context()) },
+				func(bs []api.BudgetView) error {
 					w := g.table()
 					fmt.Fprintln(w, "SCOPE\tMONTH\tLIMIT\tSPENT\tRESERVED\tREMAINING\tUSED\tSET BY")
 					for _, b := range bs {

@@ -14,10 +14,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker/config"
-	"github.com/spillway-dev/spillway/broker/server"
 	"github.com/spillway-dev/spillway/onprem/agent"
 	"github.com/spillway-dev/spillway/onprem/gpu/backends"
 	"github.com/spillway-dev/spillway/onprem/wire"
@@ -100,7 +101,7 @@ plain HTTP instead.`,
 				}
 				ag, err := agent.New(agent.Config{Broker: url, Token: agentToken, Name: name,
 					DataDir: filepath.Join(dir, "agents", name), Labels: map[string]string{"pool": "onprem"}, CAFile: caFile,
-					Version: server.Version}, backend, log)
+					Version: api.Version}, backend, log)
 				if err != nil {
 					cancel()
 					wg.Wait()

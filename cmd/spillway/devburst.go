@@ -12,7 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker/client"
 	"github.com/spillway-dev/spillway/broker/config"
-	"github.com/spillway-dev/spillway/integration/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
 )
 
 // The local cloud of `spillway dev --burst`: one priced instance type and a

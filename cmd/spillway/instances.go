@@ -6,11 +6,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
 )
 
@@ -20,8 +21,8 @@ func instancesCmd(g *globals) *cobra.Command {
 		Short: "Burst machines: state, age, cost so far, jobs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return show(g, cmd, func(c *client.Client) ([]server.InstanceView, error) { return c.Instances(cmd.Context()) },
-				func(list []server.InstanceView) error {
+			return show(g, cmd, func(c *client.Client) ([]api.InstanceView, error) { return c.Instances(cmd.Context()) },
+				func(list []api.InstanceView) error {
 					w := g.table()
 					fmt.Fprintln(w, "ID\tPROVIDER\tTYPE\tGPUS\tSTATE\tAGE\tCOST SO FAR\tJOBS\tNOTE")
 					for _, v := range list {
@@ -42,8 +43,8 @@ func instancesCmd(g *globals) *cobra.Command {
 		Short: "One burst machine: its history and the bootstrap transcript",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return show(g, cmd, func(c *client.Client) (*server.InstanceView, error) { return c.Instance(cmd.Context(), args[0]) },
-				func(v *server.InstanceView) error {
+			return show(g, cmd, func(c *client.Client) (*api.InstanceView, error) { return c.Instance(cmd.Context(), args[0]) },
+				func(v *api.InstanceView) error {
 					w := g.table()
 					fmt.Fprintf(w, "Machine:\t%s\n", v.ID)
 					fmt.Fprintf(w, "Provider:\t%s %s in %s (%s)\n", v.Provider, v.Offer.InstanceType, v.Offer.Region, dash(v.ProviderID))

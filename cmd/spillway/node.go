@@ -5,10 +5,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 // nodeCmd holds the enrolment verbs of `spillway node` (docs/security.md);
@@ -38,7 +39,7 @@ until it expires.`,
 			if err != nil {
 				return err
 			}
-			ans, err := c.CreateJoinToken(cmd.Context(), server.JoinTokenRequest{Expires: broker.Duration(expires), Node: node, MaxGPUs: maxGPUs})
+			ans, err := c.CreateJoinToken(cmd.Context(), api.JoinTokenRequest{Expires: broker.Duration(expires), Node: node, MaxGPUs: maxGPUs})
 			if err != nil {
 				return err
 			}

@@ -5,10 +5,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func nodesCmd(g *globals) *cobra.Command {
@@ -17,8 +18,8 @@ func nodesCmd(g *globals) *cobra.Command {
 		Short: "List nodes: GPUs free and held, state, last heartbeat, unhealthy cards",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return show(g, cmd, func(c *client.Client) ([]server.NodeView, error) { return c.Nodes(cmd.Context()) },
-				func(nodes []server.NodeView) error {
+			return show(g, cmd, func(c *client.Client) ([]api.NodeView, error) { return c.Nodes(cmd.Context()) },
+				func(nodes []api.NodeView) error {
 					now := time.Now()
 					w := g.table()
 					fmt.Fprintln(w, "NODE\tPOOL\tSTATE\tGPUS\tFREE\tMODEL\tDRIVER\tLAST SEEN\tNOTES")

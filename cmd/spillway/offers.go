@@ -7,7 +7,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
+	"github.com/spillway-dev/spillway/broker/api"
 )
 
 func offersCmd(g *globals) *cobra.Command {
@@ -19,8 +19,8 @@ func offersCmd(g *globals) *cobra.Command {
 			"unavailable, no GPUs, or cooling down after a capacity error or a spot reclaim.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return show(g, cmd, func(c *client.Client) ([]server.OfferView, error) { return c.Offers(cmd.Context()) },
-				func(list []server.OfferView) error {
+			return show(g, cmd, func(c *client.Client) ([]api.OfferView, error) { return c.Offers(cmd.Context()) },
+				func(list []api.OfferView) error {
 					w := g.table()
 					fmt.Fprintln(w, "PROVIDER\tREGION\tZONE\tTYPE\tMARKET\tGPUS\tPRICE/H\tPER GPU-H\tSTATUS")
 					for _, o := range list {

@@ -3,9 +3,10 @@ package main
 import (
 	"fmt"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func queueCmd(g *globals) *cobra.Command {
@@ -15,8 +16,8 @@ func queueCmd(g *globals) *cobra.Command {
 		Short: "The queues: load, and the waiting jobs in order with why each waits",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return show(g, cmd, func(c *client.Client) ([]server.QueueView, error) { return c.Queues(cmd.Context()) },
-				func(qs []server.QueueView) error {
+			return show(g, cmd, func(c *client.Client) ([]api.QueueView, error) { return c.Queues(cmd.Context()) },
+				func(qs []api.QueueView) error {
 					w := g.table()
 					fmt.Fprintln(w, "QUEUE\tKIND\tRUNNING\tGPUS\tWAITING\tGPUS WANTED\tTIMEOUT (DEFAULT/MAX)")
 					for _, q := range qs {

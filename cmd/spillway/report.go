@@ -7,10 +7,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func reportCmd(g *globals) *cobra.Command {
@@ -89,13 +90,13 @@ func pct(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) }
 
 func hours(sec float64) string { return fmt.Sprintf("%.1fh", sec/3600) }
 
-func printUtilization(g *globals, rep *server.UtilizationReport) {
+func printUtilization(g *globals, rep *api.UtilizationReport) {
 	fmt.Fprintf(g.stdout, "Utilisation %s to %s (shifts in %s: weekday day %02d:00-%02d:00, weekend %s)\n\n",
 		rep.Period.From.Format("2006-01-02 15:04"), rep.Period.To.Format("2006-01-02 15:04"), rep.Shifts.TimeZone,
 		rep.Shifts.DayStart, rep.Shifts.DayEnd, strings.Join(rep.Shifts.Weekend, ", "))
 	w := g.table()
 	fmt.Fprintln(w, "TEAM\tPOOL\tGPU\tSHIFT\tGPU-HOURS\tCOMPUTING\tUTIL\tMEM GiB-H\tMEAN MEM/GPU\tCOST "+rep.Currency)
-	line := func(team, pool, model, shift string, t server.UtilTotals) {
+	line := func(team, pool, model, shift string, t api.UtilTotals) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%s\n", team, pool, model, shift, t.GPUHours, t.ComputingGPUHours,
 			pct(t.Utilization), t.MemoryGiBHours, gib(t.MeanMemoryBytes), t.Cost.Cents())
 	}
@@ -164,11 +165,11 @@ func secs(s float64) string {
 	return (time.Duration(s * float64(time.Second))).Round(time.Second).String()
 }
 
-func printDelivery(g *globals, rep *server.DeliveryReport) {
+func printDelivery(g *globals, rep *api.DeliveryReport) {
 	fmt.Fprintf(g.stdout, "Delivery %s to %s\n\n", rep.Period.From.Format("2006-01-02 15:04"), rep.Period.To.Format("2006-01-02 15:04"))
 	w := g.table()
 	fmt.Fprintln(w, "QUEUE\tPRIORITY\tSTARTS\tWAIT P50\tWAIT P90\tDONE\tTIME P50\tSUCCESS\tFAILED\tTIMED OUT\tCANCELLED\tPREEMPTED\tRESUMED\tSTARVED")
-	line := func(queue, prio string, r server.DeliveryRow) {
+	line := func(queue, prio string, r api.DeliveryRow) {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", queue, prio, r.Wait.Count, secs(r.Wait.P50), secs(r.Wait.P90),
 			r.Completion.Count, secs(r.Completion.P50), pct(r.SuccessRate), r.Failed, r.TimedOut, r.Cancelled, r.Preemptions, r.Resumes, r.Starved)
 	}

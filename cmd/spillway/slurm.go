@@ -10,10 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 	"github.com/spillway-dev/spillway/broker/slurm"
 )
 
@@ -42,18 +43,18 @@ If the broker cannot be reached, the nodes are set DOWN with that reason
 			if err != nil {
 				return err
 			}
-			req := server.SlurmRequest{Nodes: args[0]}
+			req := api.SlurmRequest{Nodes: args[0]}
 			if f := os.Getenv("SLURM_RESUME_FILE"); f != "" {
 				if raw, err := os.ReadFile(f); err == nil {
 					var rf struct {
-						Jobs []server.SlurmResumeJob `json:"jobs"`
+						Jobs []api.SlurmResumeJob `json:"jobs"`
 					}
 					if err := json.Unmarshal(raw, &rf); err == nil {
 						req.Jobs = rf.Jobs
 					}
 				}
 			}
-			return g.slurmCall(cmd, names, scontrol, func(ctx context.Context, c *client.Client) (*server.SlurmResult, error) {
+			return g.slurmCall(cmd, names, scontrol, func(ctx context.Context, c *client.Client) (*api.SlurmResult, error) {
 				return c.SlurmResume(ctx, req)
 			})
 		},
@@ -71,8 +72,8 @@ node's jobs for the ledger, stops slurmd and deletes the machine.`,
 			if err != nil {
 				return err
 			}
-			return g.slurmCall(cmd, names, "", func(ctx context.Context, c *client.Client) (*server.SlurmResult, error) {
-				return c.SlurmSuspend(ctx, server.SlurmRequest{Nodes: args[0]})
+			return g.slurmCall(cmd, names, "", func(ctx context.Context, c *client.Client) (*api.SlurmResult, error) {
+				return c.SlurmSuspend(ctx, api.SlurmRequest{Nodes: args[0]})
 			})
 		},
 	}
@@ -82,13 +83,13 @@ node's jobs for the ledger, stops slurmd and deletes the machine.`,
 
 // slurmCall makes the request, retrying for a minute while the broker is
 // unreachable, and prints one line per node.
-func (g *globals) slurmCall(cmd *cobra.Command, names []string, scontrol string, call func(context.Context, *client.Client) (*server.SlurmResult, error)) error {
+func (g *globals) slurmCall(cmd *cobra.Command, names []string, scontrol string, call func(context.Context, *client.Client) (*api.SlurmResult, error)) error {
 	c, err := g.client()
 	if err != nil {
 		return err
 	}
 	ctx := cmd.Context()
-	var res *server.SlurmResult
+	var res *api.SlurmResult
 	deadline := time.Now().Add(time.Minute)
 	for {
 		res, err = call(ctx, c)

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/cobra"
+	"github.com/spillway-dev/spillway/broker/api"
 
-	"github.com/spillway-dev/spillway/broker/server"
+	"github.com/spf13/cobra"
 )
 
 func topCmd(g *globals) *cobra.Command {
@@ -66,9 +66,9 @@ func topCmd(g *globals) *cobra.Command {
 }
 
 // printTop prints the cards table (or JSON) of nodes, or only of node.
-func printTop(g *globals, nodes []server.NodeView, node string) error {
+func printTop(g *globals, nodes []api.NodeView, node string) error {
 	if node != "" {
-		nodes = slices.DeleteFunc(nodes, func(n server.NodeView) bool { return n.Name != node })
+		nodes = slices.DeleteFunc(nodes, func(n api.NodeView) bool { return n.Name != node })
 	}
 	if g.json() {
 		return g.printJSON(nodes)

@@ -5,10 +5,11 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func unitsCmd(g *globals) *cobra.Command {
@@ -41,7 +42,7 @@ broker gives every attempt SPILLWAY_JOB_ID, SPILLWAY_SERVER and a job token
 			if err != nil {
 				return err
 			}
-			ans, err := c.ReportUnits(cmd.Context(), job, server.UnitsRequest{Units: n, Kind: kind, ID: id})
+			ans, err := c.ReportUnits(cmd.Context(), job, api.UnitsRequest{Units: n, Kind: kind, ID: id})
 			if err != nil {
 				return err
 			}

@@ -7,10 +7,11 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker/api"
+
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/server"
 )
 
 func versionCmd(g *globals) *cobra.Command {
@@ -31,7 +32,7 @@ func versionCmd(g *globals) *cobra.Command {
 // printVersion prints this binary's version and, unless clientOnly, the
 // version the broker reports on /healthz (which needs no token).
 func printVersion(ctx context.Context, g *globals, clientOnly bool) {
-	fmt.Fprintf(g.stdout, "spillway %s %s/%s %s\n", server.Version, runtime.GOOS, runtime.GOARCH, runtime.Version())
+	fmt.Fprintf(g.stdout, "spillway %s %s/%s %s\n", api.Version, runtime.GOOS, runtime.GOARCH, runtime.Version())
 	if clientOnly {
 		return
 	}

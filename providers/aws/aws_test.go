@@ -15,9 +15,10 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/spillway-dev/spillway/billing"
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/aws"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // newProvider builds a provider through the SDK's default credential chain
@@ -78,7 +79,7 @@ func offer(t *testing.T, p *aws.Provider, instanceType string, spot bool) provid
 }
 
 func TestOffersComeFromConfig(t *testing.T) {
-	p := newProvider(t, fakecloud.NewEC2(t, fakecloud.EC2Options{}), "prod")
+	p := newProvider(t, fakecloudtest.NewEC2(t, fakecloud.EC2Options{}), "prod")
 	offers, err := p.Offers(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +98,7 @@ func TestOffersComeFromConfig(t *testing.T) {
 }
 
 func TestCreateIsIdempotentOnTheRecordID(t *testing.T) {
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{})
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{})
 	p := newProvider(t, fake, "prod")
 	key := brokerKey(t)
 	req := providers.CreateRequest{
@@ -144,7 +145,7 @@ func TestCreateIsIdempotentOnTheRecordID(t *testing.T) {
 }
 
 func TestCreateErrorsAreTyped(t *testing.T) {
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{Capacity: map[string]int{"g6.xlarge": 0}})
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{Capacity: map[string]int{"g6.xlarge": 0}})
 	p := newProvider(t, fake, "prod")
 	_, err := p.Create(context.Background(), providers.CreateRequest{RecordID: "rec-cap", Offer: offer(t, p, "g6.xlarge", false)})
 	if !providers.IsInsufficientCapacity(err) || !providers.IsNextOffer(err) || providers.Code(err) != "InsufficientInstanceCapacity" {
@@ -173,7 +174,7 @@ func TestCreateErrorsAreTyped(t *testing.T) {
 }
 
 func TestListSeesOnlyThisClustersLiveMachines(t *testing.T) {
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{})
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{})
 	prod := newProvider(t, fake, "prod")
 	staging := newProvider(t, fake, "staging")
 	ctx := context.Background()
@@ -226,7 +227,7 @@ func deleteUntilGone(t *testing.T, p providers.Provider, id string) int {
 }
 
 func TestDeleteReturnsNotFoundOnceGone(t *testing.T) {
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{ShutdownTime: 100 * time.Millisecond})
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{ShutdownTime: 100 * time.Millisecond})
 	p := newProvider(t, fake, "prod")
 	ctx := context.Background()
 	inst, err := p.Create(ctx, providers.CreateRequest{RecordID: "rec-d", Offer: offer(t, p, "g6.xlarge", false)})
@@ -257,7 +258,7 @@ func TestDeleteReturnsNotFoundOnceGone(t *testing.T) {
 }
 
 func TestHostKeysAreReadFromTheConsole(t *testing.T) {
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	p := newProvider(t, fake, "prod")
 	ctx := context.Background()
 	inst, err := p.Create(ctx, providers.CreateRequest{RecordID: "rec-k", Offer: offer(t, p, "g6.xlarge", false), SSHAuthorizedKey: brokerKey(t)})

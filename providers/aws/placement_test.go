@@ -5,15 +5,16 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/providers"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // TestGangMachinesShareAClusterPlacementGroup: two machines of one gang
 // land in one cluster placement group, created once; the group outlives
 // neither of them; a capacity error on the second member is typed.
 func TestGangMachinesShareAClusterPlacementGroup(t *testing.T) {
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{})
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{})
 	p := newProvider(t, fake, "prod")
 	ctx := context.Background()
 	key := brokerKey(t)

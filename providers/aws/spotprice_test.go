@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/billing"
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/providers/aws"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // TestSpotPricesFromHistory: with liveSpotPrices, spot offers carry the
@@ -17,7 +18,7 @@ import (
 // keeps its configured spotPrice; on-demand prices are untouched.
 func TestSpotPricesFromHistory(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{SpotPrices: []fakecloud.SpotPrice{
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SpotPrices: []fakecloud.SpotPrice{
 		{InstanceType: "p5.48xlarge", Zone: "us-east-1a", Price: "31.000000", At: t0},
 		{InstanceType: "p5.48xlarge", Zone: "us-east-1a", Price: "33.500000", At: t0.Add(time.Hour)},
 		{InstanceType: "p5.48xlarge", Zone: "us-east-1b", Price: "29.000000", At: t0},

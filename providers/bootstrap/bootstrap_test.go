@@ -20,9 +20,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 // The test binary is also the "spillway" binary the bootstrap uploads:
@@ -59,8 +60,8 @@ type rig struct {
 func newRig(t testing.TB) *rig {
 	client := newClientKey(t)
 	return &rig{
-		sshd:   fakecloud.StartSSHD(t, fakecloud.SSHOptions{AuthorizedKeys: []string{string(ssh.MarshalAuthorizedKey(client.PublicKey()))}}),
-		reg:    fakecloud.NewRegistrar(t),
+		sshd:   fakecloudtest.StartSSHD(t, fakecloud.SSHOptions{AuthorizedKeys: []string{string(ssh.MarshalAuthorizedKey(client.PublicKey()))}}),
+		reg:    fakecloudtest.NewRegistrar(t),
 		client: client,
 		dir:    t.TempDir(),
 	}
@@ -259,9 +260,9 @@ func TestHostKeyMismatchRunsNothing(t *testing.T) {
 }
 
 func TestConnectRetriesWhileTheMachineBoots(t *testing.T) {
-	fakecloud.RequireSSHD(t)
+	fakecloudtest.RequireSSHD(t)
 	client := newClientKey(t)
-	reg := fakecloud.NewRegistrar(t)
+	reg := fakecloudtest.NewRegistrar(t)
 	reg.Expect("node-4", "tok4")
 	hostPEM, hostKey, err := fakecloud.GenerateHostKey()
 	if err != nil {
@@ -284,7 +285,7 @@ func TestConnectRetriesWhileTheMachineBoots(t *testing.T) {
 		case calls == 1:
 			return nil, nil
 		case calls == 3:
-			r.sshd = fakecloud.StartSSHD(t, fakecloud.SSHOptions{IP: ip, Port: port, HostKeyPEM: hostPEM,
+			r.sshd = fakecloudtest.StartSSHD(t, fakecloud.SSHOptions{IP: ip, Port: port, HostKeyPEM: hostPEM,
 				AuthorizedKeys: []string{string(ssh.MarshalAuthorizedKey(client.PublicKey()))}})
 			// Registered after sshd's own cleanup, so it runs before it.
 			stopOnCleanup(t, r, opts.RemoteDir)
@@ -334,7 +335,7 @@ func TestUnreachableMachineTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := fakecloud.NewRegistrar(t)
+	reg := fakecloudtest.NewRegistrar(t)
 	r := &rig{reg: reg, client: client, dir: t.TempDir()}
 	opts := r.options("node-6", "tok6")
 	opts.ConnectTimeout = 300 * time.Millisecond

@@ -4,7 +4,7 @@
 // error and for how many creates may succeed, call recorders, and Reset.
 //
 // A test can back every fake machine with something real (an sshd from
-// integration/fakecloud) through Boot, so the bootstrap runs against it.
+// providers/fakecloud) through Boot, so the bootstrap runs against it.
 //
 // Knobs and recorders are plain fields, as in Karpenter's fake: set them
 // between calls, never while another goroutine is calling the provider.

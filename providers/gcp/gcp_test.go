@@ -15,8 +15,9 @@ import (
 	"golang.org/x/crypto/ssh"
 	"google.golang.org/api/option"
 
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/providers"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 	"github.com/spillway-dev/spillway/providers/gcp"
 )
 
@@ -91,7 +92,7 @@ func TestRequestIDIsAStableUUID(t *testing.T) {
 }
 
 func TestCreateIsIdempotentOnTheRecordID(t *testing.T) {
-	fake := fakecloud.NewGCE(t, fakecloud.GCEOptions{})
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{})
 	p := newProvider(t, fake, "prod")
 	key := brokerKey(t)
 	req := providers.CreateRequest{
@@ -144,7 +145,7 @@ func TestCreateIsIdempotentOnTheRecordID(t *testing.T) {
 }
 
 func TestSpotUsesTheSpotProvisioningModel(t *testing.T) {
-	fake := fakecloud.NewGCE(t, fakecloud.GCEOptions{})
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{})
 	p := newProvider(t, fake, "prod")
 	inst, err := p.Create(context.Background(), providers.CreateRequest{RecordID: "spot-1", Offer: offer(t, p, "a3-highgpu-8g", "us-central1-a", true)})
 	if err != nil {
@@ -160,7 +161,7 @@ func TestSpotUsesTheSpotProvisioningModel(t *testing.T) {
 }
 
 func TestCreateErrorsAreTyped(t *testing.T) {
-	fake := fakecloud.NewGCE(t, fakecloud.GCEOptions{Capacity: map[string]int{"a3-highgpu-8g": 0}})
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{Capacity: map[string]int{"a3-highgpu-8g": 0}})
 	p := newProvider(t, fake, "prod")
 	ctx := context.Background()
 	_, err := p.Create(ctx, providers.CreateRequest{RecordID: "cap-1", Offer: offer(t, p, "a3-highgpu-8g", "us-central1-a", false)})
@@ -195,7 +196,7 @@ func TestCreateErrorsAreTyped(t *testing.T) {
 }
 
 func TestListSeesOnlyThisClusterInEveryZone(t *testing.T) {
-	fake := fakecloud.NewGCE(t, fakecloud.GCEOptions{})
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{})
 	prod, staging := newProvider(t, fake, "prod"), newProvider(t, fake, "staging")
 	ctx := context.Background()
 	for _, r := range []struct {
@@ -224,7 +225,7 @@ func TestListSeesOnlyThisClusterInEveryZone(t *testing.T) {
 }
 
 func TestDeleteReturnsNotFoundOnceGone(t *testing.T) {
-	fake := fakecloud.NewGCE(t, fakecloud.GCEOptions{DeleteTime: 100 * time.Millisecond})
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{DeleteTime: 100 * time.Millisecond})
 	p := newProvider(t, fake, "prod")
 	ctx := context.Background()
 	inst, err := p.Create(ctx, providers.CreateRequest{RecordID: "del-1", Offer: offer(t, p, "n1-standard-8", "us-central1-a", false)})
@@ -263,7 +264,7 @@ func TestDeleteReturnsNotFoundOnceGone(t *testing.T) {
 }
 
 func TestHostKeysComeFromGuestAttributes(t *testing.T) {
-	fake := fakecloud.NewGCE(t, fakecloud.GCEOptions{SSHD: true, BootTime: 200 * time.Millisecond})
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{SSHD: true, BootTime: 200 * time.Millisecond})
 	p := newProvider(t, fake, "prod")
 	ctx := context.Background()
 	inst, err := p.Create(ctx, providers.CreateRequest{RecordID: "keys-1", Offer: offer(t, p, "n1-standard-8", "us-central1-a", false), SSHAuthorizedKey: brokerKey(t)})

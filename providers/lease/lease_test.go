@@ -15,8 +15,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/providers"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 	"github.com/spillway-dev/spillway/providers/lease"
 )
 
@@ -82,7 +83,7 @@ func TestConfigNeedsAKeyAndASecret(t *testing.T) {
 }
 
 func TestOffersFollowCapacityAndPrices(t *testing.T) {
-	fake := fakecloud.NewLambda(t, fakecloud.LambdaOptions{})
+	fake := fakecloudtest.NewLambda(t, fakecloud.LambdaOptions{})
 	fake.SetCapacity("gpu_8x_h100_sxm5", "us-west-1", 0)
 	p := newProvider(t, fake, "prod")
 	offers, err := p.Offers(context.Background())
@@ -101,7 +102,7 @@ func TestOffersFollowCapacityAndPrices(t *testing.T) {
 }
 
 func TestCreateIsIdempotentOnTheRecordID(t *testing.T) {
-	fake := fakecloud.NewLambda(t, fakecloud.LambdaOptions{})
+	fake := fakecloudtest.NewLambda(t, fakecloud.LambdaOptions{})
 	p := newProvider(t, fake, "prod")
 	key := brokerKey(t)
 	req := providers.CreateRequest{RecordID: "rec-l1", Offer: offer(t, p, "gpu_8x_h100_sxm5", "us-east-1"),
@@ -159,7 +160,7 @@ func TestCreateIsIdempotentOnTheRecordID(t *testing.T) {
 }
 
 func TestCreateErrorsAreTyped(t *testing.T) {
-	fake := fakecloud.NewLambda(t, fakecloud.LambdaOptions{})
+	fake := fakecloudtest.NewLambda(t, fakecloud.LambdaOptions{})
 	p := newProvider(t, fake, "prod")
 	o := offer(t, p, "gpu_1x_h100_pcie", "us-east-1")
 	fake.SetCapacity("gpu_1x_h100_pcie", "us-east-1", 0)
@@ -197,7 +198,7 @@ func TestCreateErrorsAreTyped(t *testing.T) {
 }
 
 func TestListDeleteAndHostKeys(t *testing.T) {
-	fake := fakecloud.NewLambda(t, fakecloud.LambdaOptions{SSHD: true, TerminateTime: 100 * time.Millisecond})
+	fake := fakecloudtest.NewLambda(t, fakecloud.LambdaOptions{SSHD: true, TerminateTime: 100 * time.Millisecond})
 	prod, staging := newProvider(t, fake, "prod"), newProvider(t, fake, "staging")
 	ctx := context.Background()
 	key := brokerKey(t)

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
@@ -46,6 +45,7 @@ type GCE struct {
 
 	opts  GCEOptions
 	fleet *fleet
+	srv   *httptest.Server
 
 	mu        sync.Mutex
 	instances map[string]*gceInstance // zone/name
@@ -73,21 +73,30 @@ type gceInstance struct {
 	requestID string
 }
 
-// NewGCE starts a fake Compute Engine endpoint on 127.0.0.1 for the test.
-func NewGCE(t testing.TB, opts GCEOptions) *GCE {
-	t.Helper()
+// StartGCE starts a fake Compute Engine endpoint on 127.0.0.1. Close ends
+// it and its machines.
+func StartGCE(opts GCEOptions) (*GCE, error) {
 	if opts.Project == "" {
 		opts.Project = "spillway-test"
 	}
+	fl, err := newFleet(opts.SSHD, nil)
+	if err != nil {
+		return nil, err
+	}
 	g := &GCE{
-		opts: opts, fleet: newFleet(t, opts.SSHD),
+		opts: opts, fleet: fl,
 		instances: map[string]*gceInstance{}, ops: map[string]*computepb.Operation{},
 		requests: map[string]string{}, failNext: map[string]gceFailure{}, calls: map[string]int{},
 	}
-	srv := httptest.NewServer(http.HandlerFunc(g.serve))
-	t.Cleanup(srv.Close)
-	g.URL = srv.URL
-	return g
+	g.srv = httptest.NewServer(http.HandlerFunc(g.serve))
+	g.URL = g.srv.URL
+	return g, nil
+}
+
+// Close ends the endpoint, then every machine.
+func (g *GCE) Close() {
+	g.srv.Close()
+	g.fleet.stopAll()
 }
 
 // SSHPort is the port every instance's sshd listens on.

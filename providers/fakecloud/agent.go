@@ -12,7 +12,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/spillway-dev/spillway/providers/bootstrap"
@@ -100,6 +99,7 @@ type Registration struct {
 type Registrar struct {
 	// URL is the broker URL to put in the agent config.
 	URL string
+	srv *httptest.Server
 
 	mu     sync.Mutex
 	tokens map[string]string // name → token
@@ -107,14 +107,16 @@ type Registrar struct {
 	wake   chan struct{} // closed and replaced on every registration
 }
 
-// NewRegistrar starts a registrar on 127.0.0.1 for the test.
-func NewRegistrar(t testing.TB) *Registrar {
+// StartRegistrar starts a registrar on 127.0.0.1; Close ends it.
+func StartRegistrar() *Registrar {
 	r := &Registrar{tokens: map[string]string{}, regs: map[string]Registration{}, wake: make(chan struct{})}
-	srv := httptest.NewServer(http.HandlerFunc(r.serve))
-	t.Cleanup(srv.Close)
-	r.URL = srv.URL
+	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
+	r.URL = r.srv.URL
 	return r
 }
+
+// Close ends the registrar.
+func (r *Registrar) Close() { r.srv.Close() }
 
 // Expect lets the agent called name register with token.
 func (r *Registrar) Expect(name, token string) {

@@ -26,7 +26,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -34,20 +33,6 @@ import (
 
 // SSHDPath is where Debian's openssh-server installs the daemon.
 const SSHDPath = "/usr/sbin/sshd"
-
-// RequireSSHD skips the test when sshd is not installed, or fails it when
-// the environment variable CI is "true": CI must run these tests.
-func RequireSSHD(t testing.TB) {
-	t.Helper()
-	if _, err := os.Stat(SSHDPath); err == nil {
-		return
-	}
-	msg := "sshd not found at " + SSHDPath + ": install openssh-server (apt-get install -y openssh-server)"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-}
 
 // SSHOptions configures one sshd.
 type SSHOptions struct {
@@ -78,23 +63,6 @@ type SSHHost struct {
 	log  *syncBuffer
 	once sync.Once
 	done chan struct{}
-}
-
-// StartSSHD starts an sshd for the test and stops it when the test ends.
-func StartSSHD(t testing.TB, opts SSHOptions) *SSHHost {
-	t.Helper()
-	RequireSSHD(t)
-	h, err := startSSHD(t.TempDir(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		h.Stop()
-		if t.Failed() {
-			t.Logf("sshd %s log:\n%s", h.Addr, h.Log())
-		}
-	})
-	return h
 }
 
 var nextIP atomic.Uint32
@@ -136,7 +104,9 @@ func GenerateHostKey() (pemBytes []byte, pub ssh.PublicKey, err error) {
 	return pem.EncodeToMemory(block), signer.PublicKey(), nil
 }
 
-func startSSHD(dir string, opts SSHOptions) (*SSHHost, error) {
+// StartSSHD starts Debian's sshd (SSHDPath) with its config, keys and
+// pid file in dir. Stop ends it.
+func StartSSHD(dir string, opts SSHOptions) (*SSHHost, error) {
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
 		return nil, fmt.Errorf("create privilege separation dir: %w", err)
 	}

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -49,6 +48,7 @@ type Lambda struct {
 
 	opts  LambdaOptions
 	fleet *fleet
+	srv   *httptest.Server
 
 	mu        sync.Mutex
 	instances map[string]*lambdaInstance
@@ -75,9 +75,9 @@ type lambdaInstance struct {
 	m                     *machine
 }
 
-// NewLambda starts a fake Lambda Cloud API on 127.0.0.1 for the test.
-func NewLambda(t testing.TB, opts LambdaOptions) *Lambda {
-	t.Helper()
+// StartLambda starts a fake Lambda Cloud API on 127.0.0.1. Close ends it
+// and its machines.
+func StartLambda(opts LambdaOptions) (*Lambda, error) {
 	if opts.APIKey == "" {
 		opts.APIKey = "fake-lambda-key"
 	}
@@ -89,14 +89,23 @@ func NewLambda(t testing.TB, opts LambdaOptions) *Lambda {
 				Capacity: map[string]int{"us-east-1": 100, "us-west-1": 100}},
 		}
 	}
+	fl, err := newFleet(opts.SSHD, nil)
+	if err != nil {
+		return nil, err
+	}
 	l := &Lambda{
-		opts: opts, fleet: newFleet(t, opts.SSHD),
+		opts: opts, fleet: fl,
 		instances: map[string]*lambdaInstance{}, failNext: map[string]lambdaFailure{}, calls: map[string]int{},
 	}
-	srv := httptest.NewServer(http.HandlerFunc(l.serve))
-	t.Cleanup(srv.Close)
-	l.URL = srv.URL
-	return l
+	l.srv = httptest.NewServer(http.HandlerFunc(l.serve))
+	l.URL = l.srv.URL
+	return l, nil
+}
+
+// Close ends the endpoint, then every machine.
+func (l *Lambda) Close() {
+	l.srv.Close()
+	l.fleet.stopAll()
 }
 
 // APIKey is the key the fake accepts.

@@ -1,4 +1,4 @@
-package fakecloud
+package fakecloud_test
 
 import (
 	"crypto/ed25519"
@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
 
 func TestSSHDRunsACommandForTheAuthorizedKey(t *testing.T) {
@@ -18,7 +21,7 @@ func TestSSHDRunsACommandForTheAuthorizedKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := StartSSHD(t, SSHOptions{AuthorizedKeys: []string{string(ssh.MarshalAuthorizedKey(client.PublicKey()))}})
+	h := fakecloudtest.StartSSHD(t, fakecloud.SSHOptions{AuthorizedKeys: []string{string(ssh.MarshalAuthorizedKey(client.PublicKey()))}})
 	if !strings.HasPrefix(h.IP, "127.0.0.") {
 		t.Fatalf("sshd listens on %s, want a 127.0.0.x address", h.IP)
 	}

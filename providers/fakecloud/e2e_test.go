@@ -15,11 +15,12 @@ import (
 	"golang.org/x/crypto/ssh"
 	"google.golang.org/api/option"
 
-	"github.com/spillway-dev/spillway/integration/fakecloud"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/aws"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
 	"github.com/spillway-dev/spillway/providers/fake"
+	"github.com/spillway-dev/spillway/providers/fakecloud"
+	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 	"github.com/spillway-dev/spillway/providers/gcp"
 	"github.com/spillway-dev/spillway/providers/lease"
 	"github.com/spillway-dev/spillway/providers/sshpool"
@@ -57,7 +58,7 @@ type world struct {
 }
 
 func newWorld(tb testing.TB) *world {
-	return &world{signer: newSigner(tb), reg: fakecloud.NewRegistrar(tb), dir: tb.TempDir()}
+	return &world{signer: newSigner(tb), reg: fakecloudtest.NewRegistrar(tb), dir: tb.TempDir()}
 }
 
 // launch is the broker's side of a burst, from create to "agent
@@ -152,14 +153,14 @@ func awsProvider(tb testing.TB, fake *fakecloud.EC2) *aws.Provider {
 
 func TestEndToEndAWS(t *testing.T) {
 	w := newWorld(t)
-	fake := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 100 * time.Millisecond})
+	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 100 * time.Millisecond})
 	p := awsProvider(t, fake)
 	w.mustLaunch(t, p, "aws-1", firstOffer(t, p))
 }
 
 func TestEndToEndGCP(t *testing.T) {
 	w := newWorld(t)
-	fake := fakecloud.NewGCE(t, fakecloud.GCEOptions{SSHD: true, BootTime: 100 * time.Millisecond})
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{SSHD: true, BootTime: 100 * time.Millisecond})
 	p, err := gcp.New(context.Background(), gcp.Config{
 		Cluster: "e2e", Project: fake.Project(), Region: "us-central1", Endpoint: fake.URL,
 		Image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts", SSHUser: "root", SSHPort: fake.SSHPort(),
@@ -173,7 +174,7 @@ func TestEndToEndGCP(t *testing.T) {
 
 func TestEndToEndLambda(t *testing.T) {
 	w := newWorld(t)
-	fake := fakecloud.NewLambda(t, fakecloud.LambdaOptions{SSHD: true, BootTime: 100 * time.Millisecond})
+	fake := fakecloudtest.NewLambda(t, fakecloud.LambdaOptions{SSHD: true, BootTime: 100 * time.Millisecond})
 	p, err := lease.New(lease.Config{
 		Cluster: "e2e", Endpoint: fake.URL, APIKey: fake.APIKey(),
 		HostKeySecret: []byte("e2e-secret-e2e-secret-e2e-secret-e2e"), SSHUser: "root", SSHPort: fake.SSHPort(),
@@ -186,7 +187,7 @@ func TestEndToEndLambda(t *testing.T) {
 
 func TestEndToEndSSHPool(t *testing.T) {
 	w := newWorld(t)
-	host := fakecloud.StartSSHD(t, fakecloud.SSHOptions{AuthorizedKeys: []string{authorized(w.signer)}})
+	host := fakecloudtest.StartSSHD(t, fakecloud.SSHOptions{AuthorizedKeys: []string{authorized(w.signer)}})
 	p, err := sshpool.New(sshpool.Config{Hosts: []sshpool.Host{{
 		Name: "box-1", Address: host.Addr, GPUModel: "H100", GPUs: 8, GPUMemoryGiB: 80,
 		PricePerGPUHour: 1_100_000, LeaseEnds: time.Now().Add(90 * 24 * time.Hour), HostKey: host.AuthorizedKey(),
@@ -201,7 +202,7 @@ func TestEndToEndFakeProviderBackedBySSHD(t *testing.T) {
 	w := newWorld(t)
 	p := fake.New("fake", []providers.Offer{{Region: "r1", InstanceType: "fake-8xh100", GPUs: 8, PricePerHour: 1}}, nil)
 	p.Boot = func(ctx context.Context, inst providers.Instance, req providers.CreateRequest) (fake.Machine, error) {
-		h := fakecloud.StartSSHD(t, fakecloud.SSHOptions{AuthorizedKeys: []string{req.SSHAuthorizedKey}})
+		h := fakecloudtest.StartSSHD(t, fakecloud.SSHOptions{AuthorizedKeys: []string{req.SSHAuthorizedKey}})
 		return fake.Machine{SSHHost: h.Addr, SSHUser: "root", HostKeys: []ssh.PublicKey{h.HostKey}}, nil
 	}
 	w.mustLaunch(t, p, "fake-1", firstOffer(t, p))
@@ -211,7 +212,7 @@ func TestEndToEndFakeProviderBackedBySSHD(t *testing.T) {
 // runs on it, the error says why, and the broker deletes it.
 func TestEndToEndSwappedHostKeyIsDeleted(t *testing.T) {
 	w := newWorld(t)
-	ec2 := fakecloud.NewEC2(t, fakecloud.EC2Options{SSHD: true})
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true})
 	p := awsProvider(t, ec2)
 	inst, err := p.Create(context.Background(), providers.CreateRequest{RecordID: "swap-1", Offer: firstOffer(t, p), SSHAuthorizedKey: authorized(w.signer)})
 	if err != nil {
@@ -258,10 +259,10 @@ func TestEndToEndSwappedHostKeyIsDeleted(t *testing.T) {
 // binary, config), start and register. The binary uploaded is this test
 // binary. Run it with:
 //
-//	go test -run '^$' -bench CreateToRegistered -benchtime 5x ./integration/fakecloud/
+//	go test -run '^$' -bench CreateToRegistered -benchtime 5x ./providers/fakecloud/
 func BenchmarkCreateToRegistered(b *testing.B) {
 	w := newWorld(b)
-	fake := fakecloud.NewEC2(b, fakecloud.EC2Options{SSHD: true})
+	fake := fakecloudtest.NewEC2(b, fakecloud.EC2Options{SSHD: true})
 	p := awsProvider(b, fake)
 	offer := firstOffer(b, p)
 	exe, _ := os.Executable()

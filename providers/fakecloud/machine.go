@@ -9,7 +9,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"testing"
 
 	"golang.org/x/crypto/ssh"
 	"sigs.k8s.io/yaml"
@@ -107,27 +106,28 @@ type fleet struct {
 	servers []func()
 }
 
-func newFleet(t testing.TB, realSSHD bool) *fleet {
-	t.Helper()
-	if realSSHD {
-		RequireSSHD(t)
+// newFleet makes the machines of one fake cloud: with server set, each
+// runs it; else with realSSHD, each runs a real sshd, its files in a
+// temporary directory that stopAll removes; else machines have addresses
+// and host keys and nothing listens.
+func newFleet(realSSHD bool, server MachineServer) (*fleet, error) {
+	f := &fleet{realSSHD: realSSHD && server == nil, server: server}
+	if f.realSSHD {
+		if _, err := os.Stat(SSHDPath); err != nil {
+			return nil, fmt.Errorf("fake cloud: sshd not found at %s: install openssh-server", SSHDPath)
+		}
 	}
-	port, err := FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fleet{realSSHD: realSSHD, port: port, dir: t.TempDir()}
-	t.Cleanup(f.stopAll)
-	return f
-}
-
-// newServerFleet is a fleet whose machines run server, outside tests.
-func newServerFleet(server MachineServer) (*fleet, error) {
 	port, err := FreePort("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
-	return &fleet{server: server, port: port}, nil
+	f.port = port
+	if f.realSSHD {
+		if f.dir, err = os.MkdirTemp("", "fakecloud-"); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
 }
 
 // boot starts a machine: an sshd on a fresh 127.0.0.x at the fleet's port
@@ -164,7 +164,7 @@ func (f *fleet) boot(ci CloudInit) (*machine, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := startSSHD(dir, SSHOptions{IP: m.ip, Port: f.port, AuthorizedKeys: ci.AuthorizedKeys, HostKeyPEM: hostPEM})
+	h, err := StartSSHD(dir, SSHOptions{IP: m.ip, Port: f.port, AuthorizedKeys: ci.AuthorizedKeys, HostKeyPEM: hostPEM})
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +186,9 @@ func (f *fleet) stopAll() {
 		stop()
 	}
 	f.servers = nil
+	if f.dir != "" {
+		os.RemoveAll(f.dir)
+	}
 }
 
 // stop ends a machine's sshd, if it has one.

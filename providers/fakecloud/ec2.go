@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/base64"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -14,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -35,7 +33,7 @@ type EC2Options struct {
 	// types not listed are unlimited.
 	Capacity map[string]int
 	// Machines, when set, runs every instance's guest with this server
-	// instead of sshd (StartEC2 outside tests).
+	// instead of sshd.
 	Machines MachineServer
 	// BootTime is how long an instance stays pending (and prints nothing
 	// on its console); ShutdownTime how long it stays shutting-down.
@@ -61,7 +59,7 @@ type EC2 struct {
 
 	opts  EC2Options
 	fleet *fleet
-	srv   *httptest.Server // StartEC2's; tests close theirs through t.Cleanup
+	srv   *httptest.Server
 
 	mu        sync.Mutex
 	instances map[string]*ec2Instance
@@ -101,32 +99,12 @@ func (e *EC2) state(in *ec2Instance) string {
 	}
 }
 
-// NewEC2 starts a fake EC2 endpoint on 127.0.0.1 for the test.
-func NewEC2(t testing.TB, opts EC2Options) *EC2 {
-	t.Helper()
-	if opts.Region == "" {
-		opts.Region = "us-east-1"
-	}
-	e := &EC2{
-		opts: opts, fleet: newFleet(t, opts.SSHD),
-		instances: map[string]*ec2Instance{}, tokens: map[string]string{},
-		failNext: map[string]string{}, calls: map[string]int{},
-	}
-	srv := httptest.NewServer(http.HandlerFunc(e.serve))
-	t.Cleanup(srv.Close)
-	e.URL = srv.URL
-	return e
-}
-
-// StartEC2 starts a fake EC2 endpoint on 127.0.0.1 outside a test, whose
-// machines run opts.Machines (required): `spillway dev --burst` rents
-// from it. Close ends it and its machines.
+// StartEC2 starts a fake EC2 endpoint on 127.0.0.1. Its machines run
+// opts.Machines when set (`spillway dev --burst` rents from it), else a
+// real sshd each with opts.SSHD. Close ends it and its machines.
 func StartEC2(opts EC2Options) (*EC2, error) {
-	if opts.Machines == nil {
-		return nil, errors.New("fake EC2: EC2Options.Machines is required outside tests")
-	}
 	opts.Region = cmp.Or(opts.Region, "us-east-1")
-	fl, err := newServerFleet(opts.Machines)
+	fl, err := newFleet(opts.SSHD, opts.Machines)
 	if err != nil {
 		return nil, err
 	}
@@ -140,12 +118,9 @@ func StartEC2(opts EC2Options) (*EC2, error) {
 	return e, nil
 }
 
-// Close ends a fake started with StartEC2: the endpoint, then every
-// machine.
+// Close ends the endpoint, then every machine.
 func (e *EC2) Close() {
-	if e.srv != nil {
-		e.srv.Close()
-	}
+	e.srv.Close()
 	e.fleet.stopAll()
 }
 
