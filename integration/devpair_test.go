@@ -44,6 +44,8 @@ var submittedID = regexp.MustCompile(`submitted (\S+)`)
 // card. A's job ends only when the test says so, and must succeed.
 func TestTwoDevBrokersKeepApart(t *testing.T) {
 	root := t.TempDir()
+	// Jobs run as the team's uid: they must reach files under root.
+	os.Chmod(filepath.Dir(root), 0o755)
 	os.Chmod(root, 0o755)
 	a, _ := devBroker(t, filepath.Join(root, "a"))
 	b, _ := devBroker(t, filepath.Join(root, "b"))
@@ -101,6 +103,8 @@ func TestTwoDevBrokersKeepApart(t *testing.T) {
 // (SPILLWAY_CA, a file in the attempt's directory the job's uid reads).
 func TestJobTrustsBrokerCA(t *testing.T) {
 	root := t.TempDir()
+	// Jobs run as the team's uid: they must reach files under root.
+	os.Chmod(filepath.Dir(root), 0o755)
 	os.Chmod(root, 0o755)
 	c, _ := devBroker(t, filepath.Join(root, "dev"))
 	out, errOut, code := c.cli(c.viewer, "run", "--gpus", "1", "--time", "5m", "--wait", "--", "sh", "-c",

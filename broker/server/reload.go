@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/spillway-dev/spillway/broker/api"
 	"maps"
 	"net/http"
 	"slices"
@@ -87,16 +88,6 @@ type reloadState struct {
 	base *config.Config
 }
 
-// ReloadResult is the answer of a reload.
-type ReloadResult struct {
-	File string `json:"file"`
-	// Applied are the sections that changed and are live now.
-	Applied []string `json:"applied"`
-	// RestartNeeded are the sections that changed in the file but keep
-	// their running value until a restart.
-	RestartNeeded []string `json:"restartNeeded,omitempty"`
-}
-
 func (s *Server) initReload(file string) {
 	s.reload.file = file
 	s.reload.base = s.cfg()
@@ -112,11 +103,11 @@ func (s *Server) initReload(file string) {
 // /v1/config/reload). by names who asked, for the audit log. The TLS
 // certificate is read again too. A refused file leaves everything as it
 // was and returns the error, which names the field.
-func (s *Server) Reload(ctx context.Context, by string) (ReloadResult, error) {
+func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error) {
 	rs := &s.reload
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	res := ReloadResult{File: rs.file, Applied: []string{}}
+	res := api.ReloadResult{File: rs.file, Applied: []string{}}
 	if err := s.ReloadTLS(); err != nil {
 		s.log.Error("TLS reload failed; the old certificate stays", "err", err)
 	}
@@ -228,7 +219,7 @@ func (s *Server) reloadConfig(c echo.Context) error {
 	return c.JSON(http.StatusOK, res)
 }
 
-func reloadSummary(r ReloadResult) string {
+func reloadSummary(r api.ReloadResult) string {
 	out := "applied: " + cmp.Or(strings.Join(r.Applied, ", "), "nothing changed")
 	if len(r.RestartNeeded) > 0 {
 		out += "; restart needed: " + strings.Join(r.RestartNeeded, ", ")

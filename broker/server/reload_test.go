@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"github.com/spillway-dev/spillway/broker/api"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -30,7 +31,7 @@ func TestReloadAppliesLiveSectionsAndRefusesBadFiles(t *testing.T) {
 	h.srv.initReload(file)
 
 	write("127.0.0.1:9090", 5)
-	var res ReloadResult
+	var res api.ReloadResult
 	if code := h.do("POST", "/v1/config/reload", tokAdmin, nil, &res); code != http.StatusOK {
 		t.Fatalf("reload: %d", code)
 	}

@@ -5,9 +5,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/broker/api"
 )
 
 func offersCmd(g *globals) *cobra.Command {

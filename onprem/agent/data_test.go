@@ -117,6 +117,13 @@ func TestAgentStagesInputsUploadsOutputsAndCarriesTheCheckpoint(t *testing.T) {
 	if rep.Data.InputBytes != int64(len("hello data")) || len(rep.Data.Spans) != 1 || rep.Data.Spans[0].End.IsZero() {
 		t.Fatalf("staging report %+v", rep.Data)
 	}
+	// Its trap is set before it prints the input: stop it only then, or
+	// a loaded machine may deliver the signal before the trap exists.
+	r.waitFor("attempt 1 to print its input", func() bool {
+		r.fb.mu.Lock()
+		defer r.fb.mu.Unlock()
+		return strings.Contains(string(r.fb.logs[ref1]), "hello data")
+	})
 	r.fb.mu.Lock()
 	r.fb.stops = append(r.fb.stops, agentapi.StopOrder{JobRef: ref1, Signal: "SIGTERM", Grace: 5 * time.Second, Reason: "preempted"})
 	r.fb.mu.Unlock()
