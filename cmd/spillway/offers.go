@@ -21,6 +21,10 @@ func offersCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return show(g, cmd, func(c *client.Client) ([]api.OfferView, error) { return c.Offers(cmd.Context()) },
 				func(list []api.OfferView) error {
+					if len(list) == 0 {
+						fmt.Fprintln(cmd.OutOrStdout(), "no offers: the broker has no burst provider configured (docs/providers.md; `spillway dev --burst` starts one)")
+						return nil
+					}
 					w := g.table()
 					fmt.Fprintln(w, "PROVIDER\tREGION\tZONE\tTYPE\tMARKET\tGPUS\tPRICE/H\tPER GPU-H\tSTATUS")
 					for _, o := range list {
