@@ -13,12 +13,11 @@
 package imdsmock
 
 import (
-	"fmt"
+	"github.com/spillway-dev/spillway/internal/toolbin"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 )
@@ -29,57 +28,13 @@ const Version = "v1.13.0"
 // Module is AEMM's main package.
 const Module = "github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock"
 
-var (
-	buildOnce sync.Once
-	buildBin  string
-	buildErr  error
-)
+var tool = &toolbin.Tool{Name: "ec2-metadata-mock", Env: "SPILLWAY_EC2_METADATA_MOCK", Module: Module, Version: Version}
 
 // CacheDir is where the binary is built.
-func CacheDir() string {
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		if h, err := os.UserHomeDir(); err == nil {
-			base = filepath.Join(h, ".cache")
-		} else {
-			base = os.TempDir()
-		}
-	}
-	return filepath.Join(base, "spillway-tools", "ec2-metadata-mock-"+Version)
-}
+func CacheDir() string { return tool.CacheDir() }
 
-// Binary returns the mock's binary, building it when needed.
-func Binary() (string, error) {
-	buildOnce.Do(func() {
-		if p := os.Getenv("SPILLWAY_EC2_METADATA_MOCK"); p != "" {
-			buildBin = p
-			return
-		}
-		if p, err := exec.LookPath("ec2-metadata-mock"); err == nil {
-			buildBin = p
-			return
-		}
-		dir := CacheDir()
-		bin := filepath.Join(dir, "ec2-metadata-mock")
-		if _, err := os.Stat(bin); err == nil {
-			buildBin = bin
-			return
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			buildErr = err
-			return
-		}
-		cmd := exec.Command("go", "install", Module+"@"+Version)
-		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-mod=mod", "GOWORK=off")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go install %s@%s: %v\n%s", Module, Version, err, out)
-			return
-		}
-		buildBin = bin
-	})
-	return buildBin, buildErr
-}
+// Binary returns the binary, building it when needed.
+func Binary() (string, error) { return tool.Binary() }
 
 // Mock is one running AEMM.
 type Mock struct {

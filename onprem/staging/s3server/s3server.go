@@ -11,7 +11,7 @@ package s3server
 
 import (
 	"context"
-	"fmt"
+	"github.com/spillway-dev/spillway/internal/toolbin"
 	"net"
 	"os"
 	"os/exec"
@@ -57,57 +57,13 @@ type Server struct {
 	exit chan struct{}
 }
 
-var (
-	buildOnce sync.Once
-	buildBin  string
-	buildErr  error
-)
+var tool = &toolbin.Tool{Name: "versitygw", Env: "SPILLWAY_VERSITYGW", Module: Module, Version: Version}
 
-// CacheDir is where the versitygw binary is built.
-func CacheDir() string {
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		if h, err := os.UserHomeDir(); err == nil {
-			base = filepath.Join(h, ".cache")
-		} else {
-			base = os.TempDir()
-		}
-	}
-	return filepath.Join(base, "spillway-tools", "versitygw-"+Version)
-}
+// CacheDir is where the binary is built.
+func CacheDir() string { return tool.CacheDir() }
 
-// Binary returns the versitygw binary, building it when needed.
-func Binary() (string, error) {
-	buildOnce.Do(func() {
-		if p := os.Getenv("SPILLWAY_VERSITYGW"); p != "" {
-			buildBin = p
-			return
-		}
-		if p, err := exec.LookPath("versitygw"); err == nil {
-			buildBin = p
-			return
-		}
-		dir := CacheDir()
-		bin := filepath.Join(dir, "versitygw")
-		if _, err := os.Stat(bin); err == nil {
-			buildBin = bin
-			return
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			buildErr = err
-			return
-		}
-		cmd := exec.Command("go", "install", Module+"@"+Version)
-		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-mod=mod", "GOWORK=off")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go install %s@%s: %v\n%s", Module, Version, err, out)
-			return
-		}
-		buildBin = bin
-	})
-	return buildBin, buildErr
-}
+// Binary returns the binary, building it when needed.
+func Binary() (string, error) { return tool.Binary() }
 
 // Start builds (once) and starts versitygw over a fresh temporary
 // directory; it stops with the test.
