@@ -27,10 +27,10 @@ demo: build ## watch a burst: spillway dev --burst and the README's script (depl
 	@rm -rf .spillway/demo && mkdir -p .spillway
 	@set -e; ./$(BIN) dev --burst --dir .spillway/demo --listen 127.0.0.1:8090 --write-cli-config=false > .spillway/demo.log 2>&1 & pid=$$!; \
 		trap 'kill -INT $$pid 2>/dev/null; wait $$pid' EXIT; \
-		for i in $$(seq 100); do grep -q 'user token' .spillway/demo.log 2>/dev/null && break; sleep 0.2; done; \
-		tok=$$(sed -n 's/.*user token (team nlp): *//p' .spillway/demo.log); \
-		test -n "$$tok" || { cat .spillway/demo.log; exit 1; }; \
-		SPILLWAY_SERVER=http://127.0.0.1:8090 SPILLWAY_TOKEN=$$tok sh deploy/demo/burst.sh
+		for i in $$(seq 100); do grep -q 'export SPILLWAY_SERVER=' .spillway/demo.log 2>/dev/null && break; sleep 0.2; done; \
+		env=$$(sed -n 's/^ *export \(SPILLWAY_SERVER=.*\)/\1/p' .spillway/demo.log); \
+		test -n "$$env" || { cat .spillway/demo.log; exit 1; }; \
+		env $$env sh deploy/demo/burst.sh
 
 .PHONY: test
 test: ## run every test, including the end-to-end ones in integration/; lists what it skipped and why
