@@ -57,8 +57,8 @@ func placeBound(s *Snapshot, plan *Plan) {
 	for _, j := range bound {
 		n := byMachine[j.Machine]
 		if n == nil {
-			plan.Pending = append(plan.Pending, Pending{Job: j.ID, Queue: j.Spec.Queue, Reason: broker.PendingReason{
-				Code: "machine_not_ready", Message: fmt.Sprintf("waiting for burst machine %s to register", j.Machine)}})
+			plan.Pending = append(plan.Pending, Pending{Job: j.ID, Reason: FixedReason(broker.PendingReason{
+				Code: "machine_not_ready", Message: fmt.Sprintf("waiting for burst machine %s to register", j.Machine)})})
 			continue
 		}
 		var free []int
@@ -70,8 +70,8 @@ func placeBound(s *Snapshot, plan *Plan) {
 			}
 		}
 		if len(free) < j.Spec.Resources.GPUs {
-			plan.Pending = append(plan.Pending, Pending{Job: j.ID, Queue: j.Spec.Queue, Reason: broker.PendingReason{
-				Code: "machine_busy", Message: fmt.Sprintf("waiting for %d free GPUs on burst machine %s", j.Spec.Resources.GPUs, j.Machine)}})
+			plan.Pending = append(plan.Pending, Pending{Job: j.ID, Reason: FixedReason(broker.PendingReason{
+				Code: "machine_busy", Message: fmt.Sprintf("waiting for %d free GPUs on burst machine %s", j.Spec.Resources.GPUs, j.Machine)})})
 			continue
 		}
 		if held[n.Name] == nil {

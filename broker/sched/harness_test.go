@@ -246,7 +246,7 @@ func summarize(p Plan) outcome {
 		if o.Pending == nil {
 			o.Pending = map[string]string{}
 		}
-		o.Pending[pe.Job] = pe.Reason.Code
+		o.Pending[pe.Job] = pe.Reason.Code()
 	}
 	return o
 }
@@ -276,7 +276,7 @@ func reasonOf(t *testing.T, p Plan, job string) broker.PendingReason {
 	t.Helper()
 	for _, pe := range p.Pending {
 		if pe.Job == job {
-			return pe.Reason
+			return pe.Reason.PendingReason()
 		}
 	}
 	t.Fatalf("job %s has no pending reason in %+v", job, p.Pending)
@@ -284,3 +284,34 @@ func reasonOf(t *testing.T, p Plan, job string) broker.PendingReason {
 }
 
 func intp(v int) *int { return &v }
+
+// pendingView is a plan's pending entry with its reason as the API shows
+// it.
+type pendingView struct {
+	Job, Queue string
+	Reason     broker.PendingReason
+}
+
+func viewPending(p Plan) []pendingView {
+	var out []pendingView
+	for _, pe := range p.Pending {
+		out = append(out, pendingView{Job: pe.Job, Queue: pe.Reason.Queue(), Reason: pe.Reason.PendingReason()})
+	}
+	return out
+}
+
+// planView is a plan with its reasons and burst demand as callers read
+// them, for comparing plans.
+type planView struct {
+	Starts      []Start
+	Stops       []Stop
+	Preemptions []Preemption
+	Pending     []pendingView
+	Reservation *Reservation
+	BurstDemand []BurstDemand
+}
+
+func viewPlan(p Plan) planView {
+	return planView{Starts: p.Starts, Stops: p.Stops, Preemptions: p.Preemptions, Pending: viewPending(p),
+		Reservation: p.Reservation, BurstDemand: p.BurstDemand()}
+}

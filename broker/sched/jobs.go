@@ -62,15 +62,13 @@ type cycle struct {
 
 	plan        Plan
 	pendBuf     []Pending
-	burstBuf    []BurstDemand
-	offs        []int32 // plan.Pending[k]'s message is msg[offs[2k]:offs[2k+1]]
+	rctx        *reasonCtx // this cycle's reason table, new every cycle
 	fitFailed   map[fitKey]bool
 	fitBits     []uint64 // fitBits[cons*64+g] has bit n when that shape found no place
 	drainNodes  int      // nodes in drainSet
 	stops       []Stop
 	starts      []Start
 	preemptions []Preemption
-	msg         []byte
 	resv        reservation
 	failed      map[failKey]bool
 	// lastVictims and lastNodes are the last successful preemption's.
@@ -235,7 +233,6 @@ func (c *cycle) reset(s *Snapshot) {
 	c.running, c.rplaces, c.pending, c.keys = c.running[:0], c.rplaces[:0], c.pending[:0], c.keys[:0]
 	c.stops, c.starts, c.preemptions = nil, nil, nil
 	c.drainNodes = 0
-	c.msg = c.msg[:0]
 	c.resv = reservation{nodes: c.resv.nodes[:0]}
 	c.unmetTotal, c.preemptible, c.pMinClass, c.pBatch = 0, 0, 0, false
 }

@@ -183,11 +183,12 @@ const (
 	ReasonNoFit         = "no_fit"         // no ready node (set) could ever hold it
 )
 
-// Pending is the reason one job stays pending.
+// Pending is the reason one job stays pending (Reason.Queue is its queue).
 type Pending struct {
-	Job    string               `json:"job"`
-	Queue  string               `json:"queue"`
-	Reason broker.PendingReason `json:"reason"`
+	Job    string `json:"job"`
+	Reason Reason `json:"reason"`
+	// j is the snapshot's job, for BurstDemand.
+	j *broker.Job
 }
 
 // Reservation is the EASY backfill reservation of the head job: when and
@@ -200,9 +201,7 @@ type Reservation struct {
 
 // BurstDemand is one pending job that may run on rented capacity
 // (burst: allowed or prefer), with what it needs; the burst controller
-// reads it. Entries come in scheduling order (the order jobs would start
-// on-prem), so earlier entries matter more. Jobs in retry backoff are not
-// listed; Plan.Pending has every job's full reason and position.
+// reads it; Plan.BurstDemand lists them.
 type BurstDemand struct {
 	Job      string             `json:"job"`
 	Team     string             `json:"team"`
@@ -240,8 +239,7 @@ type Plan struct {
 	// scheduling order.
 	Pending []Pending `json:"pending,omitempty"`
 	// Reservation is the head job's reservation, if one exists.
-	Reservation *Reservation  `json:"reservation,omitempty"`
-	BurstDemand []BurstDemand `json:"burstDemand,omitempty"`
+	Reservation *Reservation `json:"reservation,omitempty"`
 }
 
 // Schedule computes one cycle's plan. It is New().Schedule(s); callers
@@ -258,10 +256,10 @@ type Scheduler struct {
 // New returns a Scheduler.
 func New() *Scheduler { return &Scheduler{} }
 
-// Schedule computes one cycle's plan from s. The backing arrays of the
-// plan's Pending and BurstDemand belong to the Scheduler and are reused by
-// its next Schedule call: copy what must outlive the cycle (the values
-// themselves — strings, times — stay valid).
+// Schedule computes one cycle's plan from s. The backing array of the
+// plan's Pending belongs to the Scheduler and is reused by its next
+// Schedule call: copy what must outlive the cycle (the values themselves —
+// strings, Reasons — stay valid).
 func (sc *Scheduler) Schedule(s *Snapshot) Plan {
 	c := &sc.c
 	c.reset(s)

@@ -456,7 +456,7 @@ func TestReasons(t *testing.T) {
 	s.Jobs = append(s.Jobs, MakeJob("capped").Team("vision").Obj())
 	plan := Schedule(s)
 	est := t0.Add(50 * time.Minute)
-	want := []Pending{
+	want := []pendingView{
 		{Job: "head", Queue: "default", Reason: broker.PendingReason{Code: ReasonResources, Position: 1, EstimatedStart: &est,
 			Message: "waiting for 8 GPUs on one node; 1st in queue default; est. start 12:50 UTC by reservation"}},
 		{Job: "second", Queue: "default", Reason: broker.PendingReason{Code: ReasonResources, Position: 2,
@@ -468,16 +468,16 @@ func TestReasons(t *testing.T) {
 		{Job: "model", Queue: "default", Reason: broker.PendingReason{Code: ReasonNoFit, Position: 5,
 			Message: "no ready node set can hold 1 GPU of model B200; 5th in queue default"}},
 	}
-	if diff := cmp.Diff(want, plan.Pending); diff != "" {
+	if diff := cmp.Diff(want, viewPending(plan)); diff != "" {
 		t.Errorf("pending reasons (-want +got):\n%s", diff)
 	}
 	wantResv := &Reservation{Job: "head", At: est, Nodes: []string{"n1"}}
 	if diff := cmp.Diff(wantResv, plan.Reservation); diff != "" {
 		t.Errorf("reservation (-want +got):\n%s", diff)
 	}
-	if len(plan.BurstDemand) != 5 || plan.BurstDemand[0].Job != "head" || plan.BurstDemand[0].Waited != time.Hour ||
-		plan.BurstDemand[0].EstimatedStart == nil || plan.BurstDemand[0].GPUs != 8 {
-		t.Errorf("burst demand: %+v", plan.BurstDemand)
+	if bd := plan.BurstDemand(); len(bd) != 5 || bd[0].Job != "head" || bd[0].Waited != time.Hour ||
+		bd[0].EstimatedStart == nil || bd[0].GPUs != 8 {
+		t.Errorf("burst demand: %+v", bd)
 	}
 }
 
@@ -528,7 +528,7 @@ func TestEmpty(t *testing.T) {
 			t.Errorf("%s: started %v", name, plan.Starts)
 		}
 		for _, pe := range plan.Pending {
-			if pe.Reason.Code != ReasonNoFit {
+			if pe.Reason.Code() != ReasonNoFit {
 				t.Errorf("%s: %s pending with %+v, want no_fit", name, pe.Job, pe.Reason)
 			}
 		}

@@ -59,7 +59,7 @@ func (f serverFleet) Waiting() []burstctl.Waiting {
 		}
 		w := burstctl.Waiting{Job: j}
 		if r, ok := s.reasons[j.ID]; ok {
-			w.EstimatedStart, w.Why = r.EstimatedStart, r.Code
+			w.EstimatedStart, w.Why = r.EstimatedStart(), r.Code()
 		}
 		out = append(out, w)
 	}

@@ -171,8 +171,8 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		oldest[j.Spec.Queue] = max(oldest[j.Spec.Queue], w)
 		code := "unscheduled"
-		if r, ok := s.reasons[id]; ok && r.Code != "" {
-			code = r.Code
+		if r, ok := s.reasons[id]; ok && r.Code() != "" {
+			code = r.Code()
 		}
 		if r, ok := s.burst.reasons[id]; ok && r.Code != "" {
 			code = r.Code // the burst controller's word comes first, as in the API
@@ -590,7 +590,7 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 			continue
 		}
 		rep.Starving = append(rep.Starving, api.StarvingJob{ID: id, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority,
-			Since: since, Reason: s.reasons[id].Message})
+			Since: since, Reason: s.reasons[id].Message()})
 	}
 	s.mu.Unlock()
 	slices.SortFunc(rep.Starving, func(a, b api.StarvingJob) int { return a.Since.Compare(b.Since) })

@@ -128,11 +128,11 @@ func (s *Server) explainQueueLocked(j *broker.Job, viewer api.Principal) *api.Ex
 		}
 		q.Waiting++
 		r, ok := s.reasons[id]
-		if id == j.ID || !ok || pos == 0 || r.Position == 0 || r.Position >= pos {
+		if id == j.ID || !ok || pos == 0 || r.Position() == 0 || r.Position() >= pos {
 			continue
 		}
 		qj := api.QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
-			GPUs: o.TotalGPUs(), Position: r.Position, Reason: r.Code}
+			GPUs: o.TotalGPUs(), Position: r.Position(), Reason: r.Code()}
 		if !canSeeTeam(viewer, o.Spec.Team) {
 			qj.ID, qj.Name = "", ""
 		}

@@ -211,7 +211,8 @@ func (s *Server) overlayReasons(jobs []*broker.Job) {
 		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
 			continue
 		}
-		r, ok := s.reasons[j.ID]
+		sr, ok := s.reasons[j.ID]
+		r := sr.PendingReason()
 		br, bok := s.burst.reasons[j.ID]
 		if bok {
 			// The burst controller's word first (why it does not rent, or

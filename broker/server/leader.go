@@ -14,6 +14,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/providers"
 )
@@ -198,7 +199,7 @@ func (s *Server) resetLocked() {
 	s.jobs = map[string]*broker.Job{}
 	s.nodes = map[string]*broker.Node{}
 	s.byNode = map[string]map[string]bool{}
-	s.reasons = map[string]broker.PendingReason{}
+	s.reasons = map[string]sched.Reason{}
 	s.reasonSaved = map[string]time.Time{}
 	s.io = map[string]ioState{}
 	s.scheduling = scheduling{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/sched"
 )
 
 // Operator controls (docs/operations.md, "Operator controls"): cordon,
@@ -150,7 +151,7 @@ func (s *Server) jobControl(action string) echo.HandlerFunc {
 			return err
 		}
 		if action == "hold" {
-			s.reasons[j.ID] = *j.Pending
+			s.reasons[j.ID] = sched.FixedReason(*j.Pending)
 		} else {
 			delete(s.reasons, j.ID)
 		}

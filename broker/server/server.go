@@ -25,6 +25,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/providers"
 )
@@ -91,8 +92,8 @@ type Server struct {
 	// the holding jobs' placements.
 	byNode map[string]map[string]bool
 	// reasons is the latest pending reason of each pending job; only the
-	// code is persisted, the full text lives here.
-	reasons map[string]broker.PendingReason
+	// code is persisted, the sentence is formatted when read.
+	reasons map[string]sched.Reason
 	// reasonSaved is when each job's reason was last written.
 	reasonSaved map[string]time.Time
 	// io is each running job's last I/O reading, for data-wait detection.
@@ -160,7 +161,7 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		jobs:        map[string]*broker.Job{},
 		nodes:       map[string]*broker.Node{},
 		byNode:      map[string]map[string]bool{},
-		reasons:     map[string]broker.PendingReason{},
+		reasons:     map[string]sched.Reason{},
 		reasonSaved: map[string]time.Time{},
 		io:          map[string]ioState{},
 		telemetry:   map[string]*gpu.Sample{},

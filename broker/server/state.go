@@ -273,9 +273,9 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		if !ok && len(old.History) > 0 {
 			saved = old.History[len(old.History)-1].At
 		}
-		if (old.Pending == nil || old.Pending.Code != r.Code) && now.Sub(saved) >= reasonPersistEvery {
+		if (old.Pending == nil || old.Pending.Code != r.Code()) && now.Sub(saved) >= reasonPersistEvery {
 			j := cloneJob(old)
-			rc := r
+			rc := r.PendingReason()
 			j.Pending = &rc
 			changed = append(changed, j)
 			s.reasonSaved[id] = now

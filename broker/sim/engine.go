@@ -627,7 +627,7 @@ func (e *engine) apply(plan *sched.Plan) {
 	}
 	for _, pe := range plan.Pending {
 		if sj := e.byID[pe.Job]; sj != nil {
-			sj.why, sj.est = pe.Reason.Code, pe.Reason.EstimatedStart
+			sj.why, sj.est = pe.Reason.Code(), pe.Reason.EstimatedStart()
 		}
 	}
 }
