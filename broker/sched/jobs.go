@@ -11,7 +11,8 @@ import (
 )
 
 // cycle is the working state of one Schedule call. Its slices and maps
-// are kept between calls only to reuse their memory.
+// are kept between calls only to reuse their memory, but for jc, which
+// keeps what pending jobs' records take from the jobs alone.
 type cycle struct {
 	s          *Snapshot
 	pol        Policy
@@ -79,6 +80,11 @@ type cycle struct {
 	sawBackfill bool
 
 	scratch scratch
+
+	jc jobCache
+	// tqpMap, projMap and consMap take jc's interned names to this
+	// cycle's entries (-1: not looked up yet).
+	tqpMap, projMap, consMap []int32
 }
 
 // placeRef is one node's share of a running job.
@@ -413,6 +419,7 @@ func (c *cycle) loadJobs() {
 	}
 	c.scratch.names = names
 	hold := c.scratch.hold[:0]
+	c.beginCycle()
 	for _, j := range s.Jobs {
 		switch {
 		case j.State.Holding():
@@ -421,6 +428,7 @@ func (c *cycle) loadJobs() {
 			c.addPending(j)
 		}
 	}
+	c.endCycle()
 	slices.SortFunc(hold, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
 	c.scratch.hold = hold
 	for _, j := range hold {
@@ -517,43 +525,6 @@ func (c *cycle) addRunning(j *broker.Job) {
 		c.pBatch = c.pBatch || !r.latency
 		c.preemptible++
 	}
-}
-
-func (c *cycle) addPending(j *broker.Job) {
-	tq := c.tqpOf(j.Spec.Team, j.Spec.Queue, j.Spec.Priority)
-	t, q := c.tqps[tq].team, c.tqps[tq].queue
-	res := j.Spec.Resources
-	p := pjob{
-		j:           j,
-		id:          j.ID,
-		burst:       burstCodeOf(j.Spec.Burst),
-		gpuMem:      int64(res.GPUMemory),
-		since:       pendingSince(j).UnixNano(),
-		tqp:         tq,
-		team:        t,
-		project:     c.projectOf(t, j.Spec.Project),
-		queue:       q,
-		class:       c.tqps[tq].class,
-		latency:     c.queues[q].kind == Latency,
-		preemptible: j.Spec.Preemptible,
-		g:           res.GPUs,
-		n:           max(1, res.Nodes),
-		cpu:         res.CPU,
-		mem:         int64(res.Memory),
-		timeout:     int64(j.Spec.Timeout.D()),
-		sub:         j.SubmittedAt.UnixNano(),
-	}
-	if j.NotBefore != nil {
-		p.notBefore = j.NotBefore.UnixNano()
-	}
-	minMem := int64(res.GPUMemory)
-	if minMem > 0 && p.n == 1 && c.queues[q].sharing {
-		p.share = minMem
-	}
-	// Work placed by the scheduler stays on owned nodes: a burst machine
-	// takes only the jobs the burst controller bound to it (placeBound).
-	p.cons = c.consOf(res.GPUModel, minMem, true)
-	c.pending = append(c.pending, p)
 }
 
 // fairShare computes each team's factor 2^(-U/S): U is the team's share

@@ -1,0 +1,240 @@
+package sched
+
+import (
+	"github.com/spillway-dev/spillway/broker"
+)
+
+// jobCache keeps, from cycle to cycle, what each pending job's record
+// takes from the job alone, so that a job that did not change is not read
+// again: reading ~100,000 pointer-rich job records, and looking their
+// team, queue, class, project and GPU model up by name, was a third of a
+// cycle.
+//
+// An entry is keyed on the job record's address and its revision, the
+// length of its history. The broker changes a job on a Clone and swaps it
+// in (a new address); the simulator changes jobs in place only through
+// their lifecycle methods (broker/lifecycle.go), and every change a
+// pending job can go through — requeue, retry, burst unbind, a priority
+// change — records a transition. What depends on the cycle (the policy,
+// the nodes) is looked up anew each cycle through interned names, so a
+// Scheduler that keeps the cache plans exactly as a fresh one.
+type jobCache struct {
+	slot map[*broker.Job]int32
+	recs []derived
+	// seen[i] is the cycle that last used recs[i]; 0 marks a free slot.
+	seen  []uint32
+	free  []int32
+	cycle uint32
+
+	tqpIDs   map[tqpKey]int32
+	tqpKeys  []tqpKey
+	projIDs  map[projName]int32
+	projKeys []projName
+	consIDs  map[consName]int32
+	consKeys []consName
+}
+
+// maxInterns bounds the interned names: past it (names churn, policy
+// changes) the cache starts over.
+const maxInterns = 1 << 12
+
+type projName struct{ team, project string }
+
+type consName struct {
+	model  string
+	minMem int64
+}
+
+// derived is what a pending job's record takes from the job alone.
+type derived struct {
+	j   *broker.Job
+	rev int
+	id  string
+	// Interned (team, queue, priority), (team, project) — -1 for none —
+	// and (GPU model, card memory).
+	tqp, proj, cons int32
+	preemptible     bool
+	burst           burstCode
+	g, n            int
+	gpuMem          int64
+	cpu             float64
+	mem             int64
+	timeout         int64
+	sub             int64
+	notBefore       int64
+	since           int64
+}
+
+// beginCycle readies the cache for one cycle's lookups.
+func (c *cycle) beginCycle() {
+	jc := &c.jc
+	if jc.slot == nil || len(jc.tqpKeys)+len(jc.projKeys)+len(jc.consKeys) > maxInterns {
+		*jc = jobCache{slot: map[*broker.Job]int32{}, tqpIDs: map[tqpKey]int32{}, projIDs: map[projName]int32{},
+			consIDs: map[consName]int32{}, recs: jc.recs[:0], seen: jc.seen[:0], free: jc.free[:0]}
+		clear(jc.recs[:cap(jc.recs)])
+	}
+	jc.cycle++
+	if jc.cycle == 0 {
+		jc.cycle = 1
+	}
+	c.tqpMap = fillInt32(c.tqpMap, len(jc.tqpKeys), -1)
+	c.projMap = fillInt32(c.projMap, len(jc.projKeys), -1)
+	c.consMap = fillInt32(c.consMap, len(jc.consKeys), -1)
+}
+
+func fillInt32(s []int32, n int, v int32) []int32 {
+	s = s[:0]
+	for range n {
+		s = append(s, v)
+	}
+	return s
+}
+
+// endCycle drops the entries of jobs this cycle did not see pending.
+func (c *cycle) endCycle() {
+	jc := &c.jc
+	for i, s := range jc.seen {
+		if s != 0 && s != jc.cycle {
+			delete(jc.slot, jc.recs[i].j)
+			jc.recs[i], jc.seen[i] = derived{}, 0
+			jc.free = append(jc.free, int32(i))
+		}
+	}
+}
+
+// derivedOf returns the job's derived record, from the cache when the job
+// is the one seen before.
+func (c *cycle) derivedOf(j *broker.Job) *derived {
+	jc := &c.jc
+	rev := len(j.History)
+	i, ok := jc.slot[j]
+	switch {
+	case !ok:
+		if n := len(jc.free); n > 0 {
+			i, jc.free = jc.free[n-1], jc.free[:n-1]
+		} else {
+			i = int32(len(jc.recs))
+			jc.recs = append(jc.recs, derived{})
+			jc.seen = append(jc.seen, 0)
+		}
+		jc.slot[j] = i
+		c.derive(&jc.recs[i], j, rev)
+	case jc.recs[i].rev != rev:
+		c.derive(&jc.recs[i], j, rev)
+	}
+	jc.seen[i] = jc.cycle
+	return &jc.recs[i]
+}
+
+// derive reads the job into d.
+func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
+	res := j.Spec.Resources
+	*d = derived{
+		j: j, rev: rev, id: j.ID,
+		tqp:         c.internTqp(tqpKey{j.Spec.Team, j.Spec.Queue, j.Spec.Priority}),
+		proj:        -1,
+		cons:        c.internCons(consName{res.GPUModel, int64(res.GPUMemory)}),
+		preemptible: j.Spec.Preemptible,
+		burst:       burstCodeOf(j.Spec.Burst),
+		g:           res.GPUs,
+		n:           max(1, res.Nodes),
+		gpuMem:      int64(res.GPUMemory),
+		cpu:         res.CPU,
+		mem:         int64(res.Memory),
+		timeout:     int64(j.Spec.Timeout.D()),
+		sub:         j.SubmittedAt.UnixNano(),
+		since:       pendingSince(j).UnixNano(),
+	}
+	if j.Spec.Project != "" {
+		d.proj = c.internProj(projName{j.Spec.Team, j.Spec.Project})
+	}
+	if j.NotBefore != nil {
+		d.notBefore = j.NotBefore.UnixNano()
+	}
+}
+
+func (c *cycle) internTqp(k tqpKey) int32 {
+	jc := &c.jc
+	if i, ok := jc.tqpIDs[k]; ok {
+		return i
+	}
+	i := int32(len(jc.tqpKeys))
+	jc.tqpIDs[k], jc.tqpKeys, c.tqpMap = i, append(jc.tqpKeys, k), append(c.tqpMap, -1)
+	return i
+}
+
+func (c *cycle) internProj(k projName) int32 {
+	jc := &c.jc
+	if i, ok := jc.projIDs[k]; ok {
+		return i
+	}
+	i := int32(len(jc.projKeys))
+	jc.projIDs[k], jc.projKeys, c.projMap = i, append(jc.projKeys, k), append(c.projMap, -1)
+	return i
+}
+
+func (c *cycle) internCons(k consName) int32 {
+	jc := &c.jc
+	if i, ok := jc.consIDs[k]; ok {
+		return i
+	}
+	i := int32(len(jc.consKeys))
+	jc.consIDs[k], jc.consKeys, c.consMap = i, append(jc.consKeys, k), append(c.consMap, -1)
+	return i
+}
+
+// addPending adds a pending job: its derived record, with what depends on
+// this cycle's policy and nodes looked up through the interned names.
+func (c *cycle) addPending(j *broker.Job) {
+	d := c.derivedOf(j)
+	jc := &c.jc
+	tq := c.tqpMap[d.tqp]
+	if tq < 0 {
+		k := jc.tqpKeys[d.tqp]
+		tq = c.tqpOf(k.team, k.queue, k.priority)
+		c.tqpMap[d.tqp] = tq
+	}
+	t, q := c.tqps[tq].team, c.tqps[tq].queue
+	proj := int32(-1)
+	if d.proj >= 0 {
+		if proj = c.projMap[d.proj]; proj < 0 {
+			proj = c.projectOf(t, jc.projKeys[d.proj].project)
+			c.projMap[d.proj] = proj
+		}
+	}
+	cons := c.consMap[d.cons]
+	if cons < 0 {
+		k := jc.consKeys[d.cons]
+		// Work placed by the scheduler stays on owned nodes: a burst
+		// machine takes only the jobs the burst controller bound to it
+		// (placeBound).
+		cons = c.consOf(k.model, k.minMem, true)
+		c.consMap[d.cons] = cons
+	}
+	p := pjob{
+		j:           j,
+		id:          d.id,
+		burst:       d.burst,
+		gpuMem:      d.gpuMem,
+		since:       d.since,
+		tqp:         tq,
+		team:        t,
+		project:     proj,
+		queue:       q,
+		class:       c.tqps[tq].class,
+		latency:     c.queues[q].kind == Latency,
+		preemptible: d.preemptible,
+		g:           d.g,
+		n:           d.n,
+		cpu:         d.cpu,
+		mem:         d.mem,
+		timeout:     d.timeout,
+		sub:         d.sub,
+		notBefore:   d.notBefore,
+		cons:        cons,
+	}
+	if d.gpuMem > 0 && p.n == 1 && c.queues[q].sharing {
+		p.share = d.gpuMem
+	}
+	c.pending = append(c.pending, p)
+}
