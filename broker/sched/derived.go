@@ -1,6 +1,8 @@
 package sched
 
 import (
+	"slices"
+
 	"github.com/spillway-dev/spillway/broker"
 )
 
@@ -25,6 +27,13 @@ type jobCache struct {
 	seen  []uint32
 	free  []int32
 	cycle uint32
+	// lastSlot[k] is the slot of the snapshot's k-th job in the previous
+	// cycle (-1: not a pending job), curSlot the same for this cycle; off
+	// is how far the jobs last found moved in the snapshot. Snapshots that
+	// keep their order between cycles find most jobs there, without a
+	// map lookup.
+	lastSlot, curSlot []int32
+	off               int
 
 	tqpIDs   map[tqpKey]int32
 	tqpKeys  []tqpKey
@@ -49,6 +58,7 @@ type consName struct {
 type derived struct {
 	j   *broker.Job
 	rev int
+	pos int32 // the job's index in the snapshot that last used the record
 	id  string
 	// Interned (team, queue, priority), (team, project) — -1 for none —
 	// and (GPU model, card memory).
@@ -66,13 +76,16 @@ type derived struct {
 }
 
 // beginCycle readies the cache for one cycle's lookups.
-func (c *cycle) beginCycle() {
+func (c *cycle) beginCycle(jobs int) {
 	jc := &c.jc
 	if jc.slot == nil || len(jc.tqpKeys)+len(jc.projKeys)+len(jc.consKeys) > maxInterns {
-		*jc = jobCache{slot: map[*broker.Job]int32{}, tqpIDs: map[tqpKey]int32{}, projIDs: map[projName]int32{},
+		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), tqpIDs: map[tqpKey]int32{}, projIDs: map[projName]int32{},
 			consIDs: map[consName]int32{}, recs: jc.recs[:0], seen: jc.seen[:0], free: jc.free[:0]}
 		clear(jc.recs[:cap(jc.recs)])
 	}
+	jc.recs = slices.Grow(jc.recs, jobs-len(jc.free))
+	jc.seen = slices.Grow(jc.seen, jobs-len(jc.free))
+	jc.curSlot = fillInt32(jc.curSlot, jobs, -1)
 	jc.cycle++
 	if jc.cycle == 0 {
 		jc.cycle = 1
@@ -93,6 +106,7 @@ func fillInt32(s []int32, n int, v int32) []int32 {
 // endCycle drops the entries of jobs this cycle did not see pending.
 func (c *cycle) endCycle() {
 	jc := &c.jc
+	jc.lastSlot, jc.curSlot = jc.curSlot, jc.lastSlot
 	for i, s := range jc.seen {
 		if s != 0 && s != jc.cycle {
 			delete(jc.slot, jc.recs[i].j)
@@ -102,12 +116,23 @@ func (c *cycle) endCycle() {
 	}
 }
 
-// derivedOf returns the job's derived record, from the cache when the job
-// is the one seen before.
-func (c *cycle) derivedOf(j *broker.Job) *derived {
+// derivedOf returns the slot of the derived record of j, the snapshot's
+// pos-th job, kept from an earlier cycle when the job is the one seen
+// then.
+func (c *cycle) derivedOf(j *broker.Job, pos int) int32 {
 	jc := &c.jc
 	rev := len(j.History)
-	i, ok := jc.slot[j]
+	i, ok := int32(-1), false
+	if q := pos - jc.off; q >= 0 && q < len(jc.lastSlot) {
+		if k := jc.lastSlot[q]; k >= 0 && jc.recs[k].j == j {
+			i, ok = k, true
+		}
+	}
+	if !ok {
+		if i, ok = jc.slot[j]; ok {
+			jc.off = pos - int(jc.recs[i].pos)
+		}
+	}
 	switch {
 	case !ok:
 		if n := len(jc.free); n > 0 {
@@ -122,8 +147,8 @@ func (c *cycle) derivedOf(j *broker.Job) *derived {
 	case jc.recs[i].rev != rev:
 		c.derive(&jc.recs[i], j, rev)
 	}
-	jc.seen[i] = jc.cycle
-	return &jc.recs[i]
+	jc.seen[i], jc.recs[i].pos, jc.curSlot[pos] = jc.cycle, int32(pos), i
+	return i
 }
 
 // derive reads the job into d.
@@ -185,9 +210,10 @@ func (c *cycle) internCons(k consName) int32 {
 
 // addPending adds a pending job: its derived record, with what depends on
 // this cycle's policy and nodes looked up through the interned names.
-func (c *cycle) addPending(j *broker.Job) {
-	d := c.derivedOf(j)
+func (c *cycle) addPending(j *broker.Job, pos int) {
 	jc := &c.jc
+	slot := c.derivedOf(j, pos)
+	d := &jc.recs[slot]
 	tq := c.tqpMap[d.tqp]
 	if tq < 0 {
 		k := jc.tqpKeys[d.tqp]
@@ -212,8 +238,7 @@ func (c *cycle) addPending(j *broker.Job) {
 		c.consMap[d.cons] = cons
 	}
 	p := pjob{
-		j:           j,
-		id:          d.id,
+		rec:         slot,
 		burst:       d.burst,
 		gpuMem:      d.gpuMem,
 		since:       d.since,
@@ -238,3 +263,9 @@ func (c *cycle) addPending(j *broker.Job) {
 	}
 	c.pending = append(c.pending, p)
 }
+
+// job is the pending job's record.
+func (c *cycle) job(p *pjob) *broker.Job { return c.jc.recs[p.rec].j }
+
+// idOf is the pending job's id.
+func (c *cycle) idOf(p *pjob) string { return c.jc.recs[p.rec].id }

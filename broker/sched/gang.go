@@ -11,7 +11,7 @@ func (c *cycle) avoidPairs(p *pjob, cand []nodeCap, n int) []nodeCap {
 		name := c.nodes[nc.i].n.Name
 		ok := true
 		for _, q := range pick {
-			if p.j.Avoids(name, c.nodes[q.i].n.Name) {
+			if c.job(p).Avoids(name, c.nodes[q.i].n.Name) {
 				ok = false
 				break
 			}

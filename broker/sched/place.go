@@ -168,7 +168,7 @@ func (c *cycle) findGang(p *pjob, g, n int, end int64, withDrain bool) []int32 {
 			return int(a.i - b.i)
 		})
 		pick := cand[:n]
-		if len(p.j.AvoidPairs) > 0 {
+		if len(c.job(p).AvoidPairs) > 0 {
 			if pick = c.avoidPairs(p, cand, n); pick == nil {
 				continue
 			}
@@ -390,11 +390,12 @@ func (c *cycle) pickCards(nd *node, g int, from uint64) uint64 {
 func (c *cycle) commitStart(pi int32, nodes []int32, masks []uint64, end int64) {
 	p := &c.pending[pi]
 	ri := int32(len(c.running))
-	r := rjob{j: p.j, team: p.team, project: p.project, queue: p.queue, class: p.class, latency: p.latency,
+	j := c.job(p)
+	r := rjob{j: j, team: p.team, project: p.project, queue: p.queue, class: p.class, latency: p.latency,
 		preemptible: p.preemptible, fresh: true, total: p.g * p.n, end: end,
-		grace: int64(p.j.Spec.Checkpoint.Grace.D()), p0: int32(len(c.rplaces))}
+		grace: int64(j.Spec.Checkpoint.Grace.D()), p0: int32(len(c.rplaces))}
 	c.running = append(c.running, r)
-	st := Start{Job: p.id, Placements: make([]broker.Placement, len(nodes))}
+	st := Start{Job: j.ID, Placements: make([]broker.Placement, len(nodes))}
 	for k, i := range nodes {
 		nd := &c.nodes[i]
 		mask := masks[k]

@@ -489,27 +489,28 @@ func (c *cycle) preemptGang(p *pjob, r *rights) []nodePick {
 // preempt stops victim v to make room for p.
 func (c *cycle) preempt(v victim, p *pjob) {
 	r := &c.running[v.job]
-	detail := fmt.Sprintf("preempted by job %s (%s)", p.j.ID, c.ruleText(v.rule, p, r))
+	detail := fmt.Sprintf("preempted by job %s (%s)", c.idOf(p), c.ruleText(v.rule, p, r))
 	c.stopJob(v.job, StopPreempted, detail)
-	c.preemptions = append(c.preemptions, Preemption{Victim: r.j.ID, For: p.j.ID, Rule: v.rule, GPUs: r.total,
+	c.preemptions = append(c.preemptions, Preemption{Victim: r.j.ID, For: c.idOf(p), Rule: v.rule, GPUs: r.total,
 		LostWork: time.Duration(r.lost)})
 }
 
-func (c *cycle) ruleText(rule string, p *pjob, v *rjob) string {
+func (c *cycle) ruleText(rule string, pj *pjob, v *rjob) string {
+	p := c.job(pj)
 	switch rule {
 	case RulePriority:
-		return fmt.Sprintf("priority %s over %s", p.j.Spec.Priority, v.j.Spec.Priority)
+		return fmt.Sprintf("priority %s over %s", p.Spec.Priority, v.j.Spec.Priority)
 	case RuleLatency:
-		return fmt.Sprintf("latency queue %s over batch queue %s", p.j.Spec.Queue, v.j.Spec.Queue)
+		return fmt.Sprintf("latency queue %s over batch queue %s", p.Spec.Queue, v.j.Spec.Queue)
 	case RuleReclaim:
-		if v.team == p.team {
-			return fmt.Sprintf("project %s takes back its guaranteed GPUs", p.j.Spec.Project)
+		if v.team == pj.team {
+			return fmt.Sprintf("project %s takes back its guaranteed GPUs", p.Spec.Project)
 		}
-		return fmt.Sprintf("team %s takes back its guaranteed GPUs from team %s", p.j.Spec.Team, v.j.Spec.Team)
+		return fmt.Sprintf("team %s takes back its guaranteed GPUs from team %s", p.Spec.Team, v.j.Spec.Team)
 	case RuleQueue:
-		return fmt.Sprintf("queue %s takes back its reserved GPUs", p.j.Spec.Queue)
+		return fmt.Sprintf("queue %s takes back its reserved GPUs", p.Spec.Queue)
 	case RuleQuota:
-		return fmt.Sprintf("team %s at its quota: priority %s over its own %s", p.j.Spec.Team, p.j.Spec.Priority, v.j.Spec.Priority)
+		return fmt.Sprintf("team %s at its quota: priority %s over its own %s", p.Spec.Team, p.Spec.Priority, v.j.Spec.Priority)
 	}
 	return rule
 }

@@ -55,7 +55,7 @@ func (c *cycle) walk() {
 		}
 		pos[p.queue]++
 		r.pos = pos[p.queue]
-		c.plan.Pending = append(c.plan.Pending, Pending{Job: p.id, Reason: r, j: p.j})
+		c.plan.Pending = append(c.plan.Pending, Pending{Job: c.idOf(p), Reason: r, j: c.job(p)})
 	}
 }
 
@@ -241,8 +241,8 @@ func (c *cycle) finish() Plan {
 		plan.Pending = nil
 	}
 	if c.resv.active {
-		x.head = c.pending[c.resv.job].id
-		rv := &Reservation{Job: c.pending[c.resv.job].id, At: time.Unix(0, c.resv.at).UTC()}
+		x.head = c.idOf(&c.pending[c.resv.job])
+		rv := &Reservation{Job: x.head, At: time.Unix(0, c.resv.at).UTC()}
 		for _, i := range c.resv.nodes {
 			rv.Nodes = append(rv.Nodes, c.nodes[i].n.Name)
 		}
