@@ -83,8 +83,10 @@ func (c *cycle) beginCycle(jobs int) {
 			consIDs: map[consName]int32{}, recs: jc.recs[:0], seen: jc.seen[:0], free: jc.free[:0]}
 		clear(jc.recs[:cap(jc.recs)])
 	}
-	jc.recs = slices.Grow(jc.recs, jobs-len(jc.free))
-	jc.seen = slices.Grow(jc.seen, jobs-len(jc.free))
+	if more := jobs - len(jc.recs) + len(jc.free); more > 0 {
+		jc.recs = slices.Grow(jc.recs, more)
+		jc.seen = slices.Grow(jc.seen, more)
+	}
 	jc.curSlot = fillInt32(jc.curSlot, jobs, -1)
 	jc.cycle++
 	if jc.cycle == 0 {

@@ -51,6 +51,9 @@ type cycle struct {
 	running []rjob
 	rplaces []placeRef
 	pending []pjob
+	// pendID[k] and pendJob[k] are pending[k]'s id and job once ordered.
+	pendID  []string
+	pendJob []*broker.Job
 	keys    []sortKey
 	sizeRef int
 	// preemptible counts running jobs that could be preempted; pMinClass
@@ -641,11 +644,20 @@ func (c *cycle) order() {
 		rank[k.idx] = int32(r)
 	}
 	c.scratch.rank = rank
-	ordered := slices.Grow(c.scratch.ordered[:0], len(c.pending))[:len(c.pending)]
+	// The ids and records the plan names come along in the same pass, read
+	// in the order the cache keeps them.
+	n := len(c.pending)
+	ordered := slices.Grow(c.scratch.ordered[:0], n)[:n]
+	ids := slices.Grow(c.pendID[:0], n)[:n]
+	recs := slices.Grow(c.pendJob[:0], n)[:n]
 	for i := range c.pending {
-		ordered[rank[i]] = c.pending[i]
+		r := rank[i]
+		ordered[r] = c.pending[i]
+		d := &c.jc.recs[c.pending[i].rec]
+		ids[r], recs[r] = d.id, d.j
 	}
 	c.pending, c.scratch.ordered = ordered, c.pending
+	c.pendID, c.pendJob = ids, recs
 }
 
 // radixSort sorts a by key (LSD, 11 bits a pass, stable), skipping passes

@@ -55,7 +55,7 @@ func (c *cycle) walk() {
 		}
 		pos[p.queue]++
 		r.pos = pos[p.queue]
-		c.plan.Pending = append(c.plan.Pending, Pending{Job: c.idOf(p), Reason: r, j: c.job(p)})
+		c.plan.Pending = append(c.plan.Pending, Pending{Job: c.pendID[pi], Reason: r, j: c.pendJob[pi]})
 	}
 }
 
