@@ -64,7 +64,6 @@ type derived struct {
 	// and (GPU model, card memory).
 	tqp, proj, cons int32
 	preemptible     bool
-	burst           burstCode
 	g, n            int
 	gpuMem          int64
 	cpu             float64
@@ -162,7 +161,6 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 		proj:        -1,
 		cons:        c.internCons(consName{res.GPUModel, int64(res.GPUMemory)}),
 		preemptible: j.Spec.Preemptible,
-		burst:       burstCodeOf(j.Spec.Burst),
 		g:           res.GPUs,
 		n:           max(1, res.Nodes),
 		gpuMem:      int64(res.GPUMemory),
@@ -241,10 +239,7 @@ func (c *cycle) addPending(j *broker.Job, pos int) {
 	}
 	p := pjob{
 		rec:         slot,
-		burst:       d.burst,
-		gpuMem:      d.gpuMem,
 		since:       d.since,
-		tqp:         tq,
 		team:        t,
 		project:     proj,
 		queue:       q,

@@ -127,10 +127,8 @@ type pjob struct {
 	class                int32
 	latency              bool
 	preemptible          bool
-	burst                burstCode
 	g, n                 int   // cards per node, nodes
 	share                int64 // memory per card when it may share a card, else 0
-	gpuMem               int64 // the spec's gpuMemory
 	cons                 int32
 	cpu                  float64
 	mem                  int64
@@ -138,8 +136,6 @@ type pjob struct {
 	sub                  int64
 	notBefore            int64 // retry backoff (unix ns), 0 when none
 	since                int64 // last entered the queue (unix ns)
-	// tqp is the job's (team, queue, priority) entry in cycle.tqps.
-	tqp int32
 }
 
 type team struct {
@@ -377,7 +373,6 @@ type tqpKey struct{ team, queue, priority string }
 type tqp struct {
 	team, queue int32
 	class       int32
-	priority    string
 }
 
 func (c *cycle) tqpOf(team, queue, priority string) int32 {
@@ -387,7 +382,7 @@ func (c *cycle) tqpOf(team, queue, priority string) int32 {
 	}
 	i := int32(len(c.tqps))
 	c.tqpIdx[k] = i
-	c.tqps = append(c.tqps, tqp{team: c.teamOf(team), queue: c.queueOf(queue), class: c.classOf(priority), priority: priority})
+	c.tqps = append(c.tqps, tqp{team: c.teamOf(team), queue: c.queueOf(queue), class: c.classOf(priority)})
 	return i
 }
 
