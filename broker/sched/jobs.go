@@ -644,15 +644,15 @@ func (c *cycle) order() {
 	n := len(c.pending)
 	ordered := slices.Grow(c.scratch.ordered[:0], n)[:n]
 	ids := slices.Grow(c.pendID[:0], n)[:n]
-	recs := slices.Grow(c.pendJob[:0], n)[:n]
+	jobs := slices.Grow(c.pendJob[:0], n)[:n]
 	for i := range c.pending {
 		r := rank[i]
 		ordered[r] = c.pending[i]
 		d := &c.jc.recs[c.pending[i].rec]
-		ids[r], recs[r] = d.id, d.j
+		ids[r], jobs[r] = d.id, d.j
 	}
 	c.pending, c.scratch.ordered = ordered, c.pending
-	c.pendID, c.pendJob = ids, recs
+	c.pendID, c.pendJob = ids, jobs
 }
 
 // radixSort sorts a by key (LSD, 11 bits a pass, stable), skipping passes
