@@ -322,7 +322,7 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 	}
 	in := ctl.Input(now, s.burst.active, budgets)
 	in.CoolDowns = s.coolDownsLocked(now)
-	s.spillInputLocked(in, now)
+	ctl.SpillInput(in, s.cfg().BillingCompiled().Meter.OnPrem, s.homeNodesLocked)
 	s.checkBudgetAlertsLocked(in)
 	d := burst.Decide(in)
 	err = ctl.Apply(ctx, now, &d)
@@ -352,7 +352,7 @@ func (s *Server) PlanBurst(ctx context.Context) (burst.Decision, *burst.Input, e
 	defer s.mu.Unlock()
 	in := ctl.Input(now, s.burst.active, budgets)
 	in.CoolDowns = s.coolDownsLocked(now)
-	s.spillInputLocked(in, now)
+	ctl.SpillInput(in, s.cfg().BillingCompiled().Meter.OnPrem, s.homeNodesLocked)
 	return burst.Decide(in), in, nil
 }
 
@@ -584,12 +584,9 @@ func (s *Server) stepRunning(ctx context.Context, rec *broker.InstanceRecord, pr
 	if err != nil {
 		return &errStep{"wait for running", err}
 	}
-	_, err = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
-		r.SSHHost, r.SSHUser = inst.SSHHost, inst.SSHUser
-		r.Transit(now, broker.MachineBootstrapping, "running", "reachable at "+inst.SSHHost)
-		return nil, nil
+	return s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+		return c.Running(ctx, rec.ID, now, *inst)
 	})
-	return err
 }
 
 // stepBootstrap gives the machine its own agent token and brings the
@@ -746,6 +743,10 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 		}
 		if err != nil {
 			s.log.Warn("burst delete failed; retrying", "record", id, "err", err, "in", backoff)
+		} else if gone(ctx, prov, rec.ProviderID) {
+			// Deleted at once: the machine stops costing now, not a
+			// backoff later.
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -758,6 +759,14 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 		return
 	}
 	s.closeRecord(ctx, id, "deleted", "the provider reports the machine gone", time.Time{})
+}
+
+// gone reports whether the provider no longer knows machine id.
+func gone(ctx context.Context, prov providers.Provider, id string) bool {
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_, err := prov.Get(cctx, id)
+	return providers.IsNotFound(err)
 }
 
 // closeRecord ends a record whose machine is gone (burstctl's Close),

@@ -205,7 +205,7 @@ func (s *Server) applyConfigLocked(c *config.Config) {
 	s.reloadTokens(c.Auth.Tokens)
 	if sc := &s.scheduling; sc.ledger != nil {
 		sc.policy = c.Policy()
-		sc.ledger.halfLife = c.Scheduler.FairShareHalfLife.D()
+		sc.ledger.HalfLife = c.Scheduler.FairShareHalfLife.D()
 	}
 	s.kick()
 }

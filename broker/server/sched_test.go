@@ -101,14 +101,14 @@ func TestSchedFairShareUsageSurvivesRestart(t *testing.T) {
 	h.cycle()
 	halfLife := h.srv.cfg().Scheduler.FairShareHalfLife.D()
 	want := sched.Usage{At: t0}.AddHeld(8, t0, t0.Add(time.Hour), halfLife).GPUSeconds
-	before := h.srv.scheduling.ledger.teams["nlp"]
+	before := h.srv.scheduling.ledger.Teams["nlp"]
 	if math.Abs(before.GPUSeconds-want) > 1e-6*want || want < 8*3600*0.99 {
 		t.Fatalf("usage after an hour of 8 GPUs: %v, want %v", before.GPUSeconds, want)
 	}
 
 	h.restart()
 	h.cycle()
-	after := h.srv.scheduling.ledger.teams["nlp"]
+	after := h.srv.scheduling.ledger.Teams["nlp"]
 	if math.Abs(after.GPUSeconds-before.GPUSeconds) > 1e-6*want || !after.At.Equal(before.At) {
 		t.Fatalf("usage after restart: %+v, before %+v", after, before)
 	}
@@ -124,7 +124,7 @@ func TestSchedFairShareUsageSurvivesRestart(t *testing.T) {
 	h.clock.Step(time.Minute)
 	h.cycle()
 	want = sched.Usage{At: t0}.AddHeld(8, t0, t0.Add(90*time.Minute), halfLife).DecayTo(t0.Add(91*time.Minute), halfLife).GPUSeconds
-	if got := h.srv.scheduling.ledger.teams["nlp"].GPUSeconds; math.Abs(got-want) > 1e-6*want {
+	if got := h.srv.scheduling.ledger.Teams["nlp"].GPUSeconds; math.Abs(got-want) > 1e-6*want {
 		t.Fatalf("usage after the job ended: %v, want %v", got, want)
 	}
 }

@@ -25,27 +25,14 @@ type scheduling struct {
 	ledger *usageLedger
 }
 
-// usageLedger is each team's decayed GPU-seconds (fair share), kept in
-// memory and written to broker.BucketUsage at most every usageFlushEvery.
-// Usage comes from the jobs' actual holding time: from scheduling to the
-// end of the attempt as the broker records it.
+// usageLedger is the fair-share ledger (sched.Ledger) kept in memory and
+// written to broker.BucketUsage at most every usageFlushEvery. Usage
+// comes from the jobs' actual holding time: from scheduling to the end of
+// the attempt as the broker records it.
 type usageLedger struct {
-	halfLife time.Duration
-	// teams are all valued as of at; at is also the time up to which the
-	// jobs holding cards are counted.
-	teams map[string]sched.Usage
-	at    time.Time
-	// released are attempts that stopped holding since at, not counted
-	// yet.
-	released  []heldSpan
+	*sched.Ledger
 	flushedAt time.Time
 	dirty     bool
-}
-
-type heldSpan struct {
-	team     string
-	gpus     int
-	from, to time.Time
 }
 
 // schedulingLocked returns the scheduler state, loading the persisted
@@ -55,16 +42,17 @@ func (s *Server) schedulingLocked(ctx context.Context) (*scheduling, error) {
 	if sc.ledger != nil {
 		return sc, nil
 	}
-	l := &usageLedger{halfLife: s.cfg().Scheduler.FairShareHalfLife.D(), teams: map[string]sched.Usage{}}
+	teams := map[string]sched.Usage{}
+	var at time.Time
 	err := s.store.View(ctx, func(tx broker.Tx) error {
 		return tx.Scan(broker.BucketUsage, "", "", func(team string, raw []byte) error {
 			var u sched.Usage
 			if err := json.Unmarshal(raw, &u); err != nil {
 				return fmt.Errorf("decode usage of team %s: %w", team, err)
 			}
-			l.teams[team] = u
-			if u.At.After(l.at) {
-				l.at = u.At
+			teams[team] = u
+			if u.At.After(at) {
+				at = u.At
 			}
 			return nil
 		})
@@ -72,10 +60,10 @@ func (s *Server) schedulingLocked(ctx context.Context) (*scheduling, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load fair-share usage: %w", err)
 	}
-	if l.at.IsZero() {
-		l.at = s.clock.Now()
+	if at.IsZero() {
+		at = s.clock.Now()
 	}
-	l.flushedAt = l.at
+	l := &usageLedger{Ledger: sched.NewLedger(s.cfg().Scheduler.FairShareHalfLife.D(), teams, at), flushedAt: at}
 	sc.core = sched.New()
 	sc.policy = s.cfg().Policy()
 	sc.ledger = l
@@ -101,64 +89,26 @@ func (l *usageLedger) release(old, now *broker.Job) {
 	if l == nil || !old.State.Holding() || now.State.Holding() || len(now.History) == 0 {
 		return
 	}
-	from := heldFrom(old)
-	if from.Before(l.at) {
-		from = l.at
-	}
-	to := now.History[len(now.History)-1].At
-	if to.After(from) {
-		l.released = append(l.released, heldSpan{team: old.Spec.Team, gpus: old.TotalGPUs(), from: from, to: to})
-	}
+	l.Release(old.Spec.Team, old.TotalGPUs(), heldFrom(old), now.History[len(now.History)-1].At)
 }
 
 // advance counts usage up to now: attempts released since the last
 // advance, and every job still holding cards — found through byNode (node
 // → holding job ids), each node's share of a job counted by its cards.
 func (l *usageLedger) advance(now time.Time, jobs map[string]*broker.Job, byNode map[string]map[string]bool) {
-	if now.Before(l.at) {
-		return
-	}
-	for team, u := range l.teams {
-		l.teams[team] = u.DecayTo(now, l.halfLife)
-	}
-	add := func(team string, gpus int, from, to time.Time) {
-		u, ok := l.teams[team]
-		if !ok {
-			u = sched.Usage{At: now}
-		}
-		l.teams[team] = u.AddHeld(gpus, from, to, l.halfLife).DecayTo(now, l.halfLife)
-		l.dirty = true
-	}
-	for _, sp := range l.released {
-		add(sp.team, sp.gpus, sp.from, sp.to)
-	}
-	l.released = l.released[:0]
-	for node, ids := range byNode {
-		for id := range ids {
-			j := jobs[id]
-			if j == nil || !j.State.Holding() {
-				continue
-			}
-			p, _, _ := placedOn(j, node)
-			from := heldFrom(j)
-			if from.Before(l.at) {
-				from = l.at
-			}
-			if now.After(from) && len(p.GPUs) > 0 {
-				add(j.Spec.Team, len(p.GPUs), from, now)
+	added := l.Advance(now, func(add func(team string, gpus int, from time.Time)) {
+		for node, ids := range byNode {
+			for id := range ids {
+				j := jobs[id]
+				if j == nil || !j.State.Holding() {
+					continue
+				}
+				p, _, _ := placedOn(j, node)
+				add(j.Spec.Team, len(p.GPUs), heldFrom(j))
 			}
 		}
-	}
-	l.at = now
-}
-
-// values is the usage per team as of the last advance.
-func (l *usageLedger) values() map[string]float64 {
-	out := make(map[string]float64, len(l.teams))
-	for team, u := range l.teams {
-		out[team] = u.GPUSeconds
-	}
-	return out
+	})
+	l.dirty = l.dirty || added
 }
 
 // flush returns the write of every team's usage when one is due, or nil.
@@ -166,8 +116,8 @@ func (l *usageLedger) flush(now time.Time) func(broker.Tx) error {
 	if !l.dirty || now.Sub(l.flushedAt) < usageFlushEvery {
 		return nil
 	}
-	teams := make(map[string]sched.Usage, len(l.teams))
-	for team, u := range l.teams {
+	teams := make(map[string]sched.Usage, len(l.Teams))
+	for team, u := range l.Teams {
 		teams[team] = u
 	}
 	return func(tx broker.Tx) error {

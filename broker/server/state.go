@@ -200,7 +200,7 @@ func (s *Server) housekeepLocked(ctx context.Context, now time.Time) error {
 // schedulingLocked.
 func (s *Server) snapshotLocked(now time.Time) *sched.Snapshot {
 	sc := &s.scheduling
-	snap := &sched.Snapshot{Now: now, Policy: sc.policy, Usage: sc.ledger.values(),
+	snap := &sched.Snapshot{Now: now, Policy: sc.policy, Usage: sc.ledger.Values(nil),
 		Nodes: make([]*broker.Node, 0, len(s.nodes)), Jobs: make([]*broker.Job, 0, len(s.jobs))}
 	for _, n := range s.nodes {
 		if n.Cordon != nil && n.State == broker.NodeReady {

@@ -22,8 +22,8 @@ import (
 // (docs/sim.md; deploy/sim/cluster.yaml is the standard scenario).
 type ClusterFile struct {
 	// Broker is a broker config (docs/config.md): the simulator reads its
-	// scheduler, queues, priorities, teams and burst policy exactly as the
-	// server does.
+	// scheduler, queues, priorities, teams, billing and burst policy
+	// through package config, the broker's own reader.
 	Broker json.RawMessage `json:"broker,omitempty"`
 	// Nodes are the on-prem node groups.
 	Nodes []NodeGroup `json:"nodes"`

@@ -34,6 +34,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burstctl"
 	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/providers"
 )
 
@@ -43,6 +44,11 @@ type Options struct {
 	Seed uint64
 	// RecordStarts keeps every start in Result.Starts, in order.
 	RecordStarts bool
+	// RecordMachines keeps every burst machine's final record in
+	// Result.MachineRecords.
+	RecordMachines bool
+	// MeterOwned prices the on-prem attempts too (Result.OwnedCost).
+	MeterOwned bool
 }
 
 // Start is one start of a job, as the simulator decided it.
@@ -168,8 +174,13 @@ type engine struct {
 	meterCfg billing.MeterConfig
 	waiting  []burstctl.Waiting
 	// err is the first error of the in-memory fleet.
-	err   error
-	usage usageLedger
+	err error
+	// usage is the fair-share ledger; usageHeld the GPUs each team's
+	// holding attempts hold (attempts start only right after an Advance,
+	// so counting them from the ledger's time counts them from their
+	// start).
+	usage     *sched.Ledger
+	usageHeld map[string]int
 
 	snap sched.Snapshot
 	rec  recorder
@@ -246,7 +257,7 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 	e.onPremNodes = len(e.nodes)
 	e.onPremGPUs = c.OnPremGPUs()
 	e.homeIndex()
-	e.usage = newUsageLedger(e.policy.FairShareHalfLife, start)
+	e.usage, e.usageHeld = sched.NewLedger(e.policy.FairShareHalfLife, nil, start), map[string]int{}
 	for _, t := range e.policy.Teams {
 		e.heldLimits = e.heldLimits || t.Quota != nil || len(t.Projects) > 0
 	}
@@ -462,6 +473,9 @@ func (e *engine) release(sj *sjob) {
 	e.onPremHeld -= sj.onPrem
 	if sj.onPrem > 0 {
 		e.holdHome(sj, -1)
+		if e.opt.MeterOwned {
+			e.meterOwned(sj)
+		}
 	}
 	sj.onPrem = 0
 	gpus := sj.j.TotalGPUs()
@@ -471,7 +485,33 @@ func (e *engine) release(sj *sjob) {
 		m.allocs = append(m.allocs, e.allocation(sj, m, e.now))
 		sj.on = nil
 	}
-	e.usage.release(sj.t.Team, gpus, sj.runFrom, e.now)
+	e.usageHeld[sj.t.Team] -= gpus
+	e.usage.Release(sj.t.Team, gpus, sj.runFrom, e.now)
+}
+
+// meterOwned prices an ended attempt's on-prem GPU-time: one allocation
+// per owned node, as the broker records them, metered through its end.
+func (e *engine) meterOwned(sj *sjob) {
+	var allocs []billing.Allocation
+	for _, p := range sj.j.Placements {
+		i, ok := e.homeIdx[p.Node]
+		if !ok {
+			continue
+		}
+		n := e.nodes[i]
+		model := ""
+		if d := n.Inventory.Devices; len(d) > 0 {
+			model = gpu.ShortModel(d[0].Model)
+		}
+		allocs = append(allocs, billing.Allocation{Job: sj.t.ID, Attempt: sj.j.Attempt, Team: sj.t.Team, Queue: sj.t.Queue,
+			User: sj.j.User, Pool: billing.Pool{Kind: billing.PoolOnPrem, Name: n.Pool, Node: n.Name}, GPUModel: model,
+			GPUMilli: int64(len(p.GPUs)) * 1000, Start: sj.runFrom, End: e.now})
+	}
+	out := billing.Meter(e.meterCfg, billing.MeterInput{Now: e.now, Allocations: allocs})
+	for _, en := range out.Entries {
+		e.res.OwnedCost += en.Cost
+	}
+	e.res.meterProblems += len(out.Problems)
 }
 
 // retire takes an ended job out of the live set. The set stays in
@@ -500,7 +540,11 @@ func removeJob(js []*sjob, sj *sjob) []*sjob {
 // plan applied. The burst controller decides at its next tick.
 func (e *engine) cycle() {
 	e.res.Cycles++
-	e.usage.advance(e.now)
+	e.usage.Advance(e.now, func(add func(team string, gpus int, from time.Time)) {
+		for team, g := range e.usageHeld {
+			add(team, g, e.usage.At)
+		}
+	})
 	// A cycle with nothing waiting and no timeout due has an empty plan:
 	// the core is skipped, not its decision.
 	if e.pending > 0 || e.timeoutDue || e.boundToReady() {
@@ -509,7 +553,7 @@ func (e *engine) cycle() {
 		e.snap.Now = e.now
 		e.snap.Policy = e.policy
 		e.snapshot()
-		e.snap.Usage = e.usage.values(e.snap.Usage)
+		e.snap.Usage = e.usage.Values(e.snap.Usage)
 		plan := e.core.Schedule(&e.snap)
 		e.apply(&plan)
 	}
@@ -608,7 +652,7 @@ func (e *engine) apply(plan *sched.Plan) {
 		if sj.onPrem > 0 {
 			e.holdHome(sj, 1)
 		}
-		e.usage.hold(sj.t.Team, j.TotalGPUs())
+		e.usageHeld[sj.t.Team] += j.TotalGPUs()
 		if sj.on != nil {
 			sj.burstStarts++
 		}

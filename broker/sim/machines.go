@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -32,6 +33,9 @@ type machine struct {
 	// through; metered is the meter's cursor for the machine.
 	allocs  []billing.Allocation
 	metered time.Time
+	// counted are the entries at or after metered already counted, by id,
+	// with their start.
+	counted map[string]time.Time
 }
 
 func (m *machine) addJob(sj *sjob) {
@@ -60,7 +64,7 @@ func (e *engine) burst() {
 		return
 	}
 	in := e.ctl.Input(e.now, e.active, budgets)
-	e.spillInput(in)
+	e.ctl.SpillInput(in, e.meterCfg.OnPrem, e.homeNodes)
 	d := burst.Decide(in)
 	e.active = d.Active
 	if err := e.ctl.Apply(ctx, e.now, &d); err != nil {
@@ -250,6 +254,9 @@ func (e *engine) putRecord(r *broker.InstanceRecord) {
 			delete(e.byNode, m.node.Name)
 		}
 		e.alive = slices.DeleteFunc(e.alive, func(x *machine) bool { return x == m })
+		if e.opt.RecordMachines {
+			e.res.MachineRecords = append(e.res.MachineRecords, r)
+		}
 		if r.LaunchedAt != nil {
 			e.closing = append(e.closing, m)
 		}
@@ -324,7 +331,14 @@ func (f simFleet) Launch(ctx context.Context, id string) {
 			}
 			continue
 		}
-		if err := e.ctl.Launched(ctx, id, e.now, providers.Instance{ID: id}); err != nil {
+		// The simulated machine is running and reachable at once; its
+		// agent registers a lead time later.
+		inst := providers.Instance{ID: id, SSHHost: id}
+		if err := e.ctl.Launched(ctx, id, e.now, inst); err != nil {
+			e.fail(err)
+			return
+		}
+		if err := e.ctl.Running(ctx, id, e.now, inst); err != nil {
 			e.fail(err)
 			return
 		}
@@ -363,7 +377,7 @@ func (e *engine) leadTime(o providers.Offer) time.Duration {
 // ready registers a machine's agent: its node joins the cluster, and the
 // scheduler's cycle that follows starts the jobs bound to it.
 func (e *engine) ready(m *machine) {
-	if m.rec.State != broker.MachineProvisioning {
+	if m.rec.State != broker.MachineBootstrapping {
 		return
 	}
 	if err := e.ctl.Ready(context.Background(), m.rec.ID, e.now); err != nil {
@@ -409,6 +423,22 @@ func (e *engine) meter(m *machine, now time.Time) {
 	}
 	m.metered = out.Through
 	m.allocs = slices.DeleteFunc(m.allocs, func(a billing.Allocation) bool { return !a.End.After(out.Through) })
+	// An ended allocation's last part-slice is metered again until the
+	// cursor passes it (so that the slice's overhead stays right); the
+	// broker's ledger keeps one entry per id, and so does the replay.
+	out.Entries = slices.DeleteFunc(out.Entries, func(en billing.Entry) bool {
+		_, dup := m.counted[en.ID]
+		return dup
+	})
+	maps.DeleteFunc(m.counted, func(_ string, start time.Time) bool { return start.Before(out.Through) })
+	for _, en := range out.Entries {
+		if !en.Start.Before(out.Through) {
+			if m.counted == nil {
+				m.counted = map[string]time.Time{}
+			}
+			m.counted[en.ID] = en.Start
+		}
+	}
 	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
 		for _, en := range out.Entries {
 			if err := broker.Settle(tx, en, e.ctl.Zone); err != nil {

@@ -124,6 +124,15 @@ type Result struct {
 	BurstDecisions  int `json:"burstDecisions"`
 	// Starts in order, when Options.RecordStarts is set.
 	Starts []Start `json:"starts,omitempty"`
+	// MachineRecords are the burst machines' records as the controller
+	// left them (ended), in launch order, when Options.RecordMachines is
+	// set (in the order they ended): offer, jobs bound, each transition
+	// with its time.
+	MachineRecords []*broker.InstanceRecord `json:"machineRecords,omitempty"`
+	// OwnedCost is the on-prem GPU-time priced at the broker section's
+	// on-prem rates (billing.onprem.rates) by billing.Meter, as the
+	// broker's ledger prices it, when Options.MeterOwned is set.
+	OwnedCost billing.Amount `json:"ownedCost,omitempty"`
 	// Series are hourly means for the chart.
 	Series Series `json:"-"`
 

@@ -4,9 +4,7 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
-	"github.com/spillway-dev/spillway/broker/burstctl"
 )
 
 // homeIndex maps the on-prem nodes' names to their index in e.nodes, and
@@ -28,32 +26,18 @@ func (e *engine) holdHome(sj *sjob, sign int) {
 	}
 }
 
-// spillInput adds what spill-back weighs to a burst input: the jobs running on ready burst
-// machines, the owned nodes with free GPUs, and the owned rate (the
-// simulator prices owned GPUs at zero: they are paid for either way).
-// Nothing is added while spill-back is off or jobs wait on-prem.
-func (e *engine) spillInput(in *burst.Input) {
-	in.Running, in.Home = in.Running[:0], in.Home[:0]
-	if !in.Policy.SpillBack.Enabled || e.pending > 0 {
-		return
-	}
-	for _, m := range e.alive {
-		if m.rec.State != broker.MachineReady {
-			continue
-		}
-		for _, sj := range m.running {
-			in.Running = append(in.Running, burstctl.RunningJob(sj.j, m.rec.ID, sj.runFrom))
-		}
-	}
-	if len(in.Running) == 0 {
-		return
-	}
+// homeNodes are the on-prem nodes with their free GPUs (spill-back's
+// home, burstctl.SpillInput).
+func (e *engine) homeNodes() []burst.HomeNode {
+	out := make([]burst.HomeNode, 0, e.onPremNodes)
 	for i, n := range e.nodes[:e.onPremNodes] {
-		if free := len(n.Inventory.Devices) - e.homeUsed[i]; free > 0 {
-			d := n.Inventory.Devices[0]
-			in.Home = append(in.Home, burst.HomeNode{Name: n.Name, Free: free, GPUModel: d.Model, GPUMemory: d.MemoryBytes})
+		h := burst.HomeNode{Name: n.Name, Free: len(n.Inventory.Devices) - e.homeUsed[i]}
+		if d := n.Inventory.Devices; len(d) > 0 {
+			h.GPUModel, h.GPUMemory = d[0].Model, d[0].MemoryBytes
 		}
+		out = append(out, h)
 	}
+	return out
 }
 
 // ownedIdleForBurst is the GPUs of jobs running on burst machines that
