@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	yaml "go.yaml.in/yaml/v3"
 )
@@ -299,7 +300,21 @@ func kindOf(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
+// fieldCache holds structFields per type: the submit path decodes every
+// spec through it, and a type's fields never change.
+var fieldCache sync.Map // reflect.Type → map[string]int
+
+// structFields maps a struct type's JSON names to field indexes. The map
+// is shared: callers must not change it.
 func structFields(t reflect.Type) map[string]int {
+	if m, ok := fieldCache.Load(t); ok {
+		return m.(map[string]int)
+	}
+	m, _ := fieldCache.LoadOrStore(t, buildStructFields(t))
+	return m.(map[string]int)
+}
+
+func buildStructFields(t reflect.Type) map[string]int {
 	out := map[string]int{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)

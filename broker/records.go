@@ -38,7 +38,17 @@ func GetJob(tx Tx, id string) (*Job, error) {
 // PutJob writes a job and keeps the active index equal to the set of
 // non-terminal jobs.
 func PutJob(tx Tx, j *Job) error {
-	if err := putJSON(tx, BucketJobs, j.ID, j); err != nil {
+	raw, err := json.Marshal(j)
+	if err != nil {
+		return fmt.Errorf("encode %s/%s: %w", BucketJobs, j.ID, err)
+	}
+	return PutJobEncoded(tx, j, raw)
+}
+
+// PutJobEncoded is PutJob with j already encoded as JSON (raw), for a
+// caller that answers with the same bytes (a submit).
+func PutJobEncoded(tx Tx, j *Job, raw []byte) error {
+	if err := tx.Put(BucketJobs, j.ID, raw); err != nil {
 		return err
 	}
 	if err := tx.Put(BucketTeamJobs, teamJobKey(j.Spec.Team, j.ID), nil); err != nil {

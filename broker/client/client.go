@@ -32,7 +32,22 @@ type Client struct {
 
 // New returns a client for the broker at baseURL.
 func New(baseURL, token string) *Client {
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{CheckRedirect: wire.RedirectPolicy(nil)}}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token,
+		HTTP: &http.Client{CheckRedirect: wire.RedirectPolicy(nil), Transport: newTransport()}}
+}
+
+// idleConnsPerHost is how many idle keep-alive connections a client keeps
+// to its broker. Go's default is 2: a client shared by more goroutines
+// (parallel submitters, a dashboard) closed all but two connections after
+// each round of requests and opened them again, a TCP (and with TLS a
+// handshake) per request.
+const idleConnsPerHost = 64
+
+func newTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = idleConnsPerHost
+	tr.MaxIdleConns = max(tr.MaxIdleConns, idleConnsPerHost)
+	return tr
 }
 
 // APIError is an error answer of the API.

@@ -25,7 +25,7 @@ func (c *Client) TrustCA(caPEM []byte) error {
 	if err != nil {
 		return err
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr := newTransport()
 	tr.TLSClientConfig = tc
 	c.HTTP.Transport = tr
 	return nil

@@ -187,7 +187,10 @@ func (s *Server) noteDataLocked(j *broker.Job, r agentapi.JobReport, node string
 	if r.State != agentapi.RunRunning {
 		delete(s.io, j.ID)
 	}
-	if r.State == agentapi.RunRunning && (r.Data == nil || r.Data.Phase == agentapi.PhaseRunning) {
+	// The agent sends read bytes with its GPU telemetry (at most every
+	// 250 ms, from the same moment), once the attempt has run a second; a
+	// heartbeat without either says nothing about the rate.
+	if t != nil && r.ReadBytes > 0 && r.State == agentapi.RunRunning && (r.Data == nil || r.Data.Phase == agentapi.PhaseRunning) {
 		util, haveUtil := jobUtil(j, node, t)
 		st, waiting, rate := dataWaitStep(s.io[j.ID], r.Attempt, now, r.ReadBytes, util, haveUtil)
 		s.io[j.ID] = st

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -105,6 +106,11 @@ func (s *Server) submit(c echo.Context) error {
 	j := &broker.Job{ID: s.ids.next(now), Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now}
 	j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: "by " + p.Name}}
 	s.strs.job(j)
+	// Encoded once: the store keeps these bytes and the answer is them.
+	enc, err := json.Marshal(j)
+	if err != nil {
+		return fmt.Errorf("encode job: %w", err)
+	}
 	ctx := c.Request().Context()
 	region := trace.StartRegion(ctx, "broker.submit.store")
 	var prior *broker.Job
@@ -126,7 +132,7 @@ func (s *Server) submit(c echo.Context) error {
 				return err
 			}
 		}
-		return broker.PutJob(tx, j)
+		return broker.PutJobEncoded(tx, j, enc)
 	})
 	region.End()
 	if err == nil {
@@ -153,7 +159,7 @@ func (s *Server) submit(c echo.Context) error {
 	s.metrics.observeTransition(nil, j)
 	s.log.Info("job submitted", "job", j.ID, "team", j.Spec.Team, "queue", j.Spec.Queue, "gpus", j.TotalGPUs(), "user", p.Name)
 	s.kick()
-	return c.JSON(http.StatusCreated, j)
+	return c.JSONBlob(http.StatusCreated, enc)
 }
 
 func clip(s string) string {

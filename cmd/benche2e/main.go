@@ -70,6 +70,7 @@ type options struct {
 	teamQuota     int
 	jobsOut       string
 	agentBin      string
+	agentProfile  string
 }
 
 func run(args []string, out io.Writer) error {
@@ -90,6 +91,7 @@ func run(args []string, out io.Writer) error {
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
 	fs.StringVar(&o.agentBin, "agent-bin", "", "run each agent as its own process of this spillway binary (`spillway agent`), as on separate nodes; default: agents inside this process")
+	fs.StringVar(&o.agentProfile, "agent-profile", "", "with -agent-bin: write each agent's CPU profile and runtime trace into this directory (NAME.cpu, NAME.trace)")
 	fs.DurationVar(&o.schedInterval, "interval", 500*time.Millisecond, "the broker's scheduling interval (cycles also run on every submit and end)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -213,6 +215,10 @@ auth:
 			cmd := exec.Command(o.agentBin, "agent", "--broker", c.url, "--name", name,
 				"--gpus", fmt.Sprintf("sim:%dxH100-80GB", o.gpusPerAgent), "--data-dir", filepath.Join(dir, "agents", name))
 			cmd.Env = append(os.Environ(), "SPILLWAY_AGENT_TOKEN="+agentTok)
+			if o.agentProfile != "" {
+				cmd.Env = append(cmd.Env, "SPILLWAY_CPUPROFILE="+filepath.Join(o.agentProfile, name+".cpu"),
+					"SPILLWAY_TRACE="+filepath.Join(o.agentProfile, name+".trace"))
+			}
 			if o.verbose {
 				cmd.Stderr = os.Stderr
 			}

@@ -87,6 +87,11 @@ JSON and exits, to check a node by hand.`,
 			if err != nil {
 				return err
 			}
+			stopProfile, err := startProfiles(os.Getenv("SPILLWAY_CPUPROFILE"), os.Getenv("SPILLWAY_TRACE"))
+			if err != nil {
+				return err
+			}
+			defer stopProfile()
 			return ag.Run(cmd.Context())
 		},
 	}

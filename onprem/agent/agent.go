@@ -347,6 +347,16 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 		return a.Attempt - b.Attempt
 	})
 	budget := int64(maxLogPerSync)
+	// Read bytes and GPU telemetry go out together, at most every
+	// telemetryEvery: the broker's data-wait check needs both from the
+	// same moment, and one walk of /proc serves every running attempt.
+	// An attempt younger than readBytesAfter is left out: a check over
+	// minutes needs no bytes of its first second, and a flood of short
+	// jobs would otherwise walk /proc for nothing.
+	now := time.Now()
+	telemetry := now.Sub(ag.telemetryAt) >= telemetryEvery
+	var readers, groups []int
+	reads := map[int]int64{}
 	for _, ref := range refs {
 		r := ag.runs[ref]
 		rep := r.report()
@@ -365,8 +375,12 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 			// follower sees every line before the job turns terminal.
 			rep.State, rep.EndedAt = agentapi.RunRunning, time.Time{}
 		}
-		if rep.State == agentapi.RunRunning {
-			rep.ReadBytes = readBytes(r.group())
+		if rep.State == agentapi.RunRunning && telemetry {
+			if pg := r.group(); pg > 0 && now.Sub(r.spawnedAt()) >= readBytesAfter {
+				reads[pg] = 0
+				readers = append(readers, len(req.Jobs))
+				groups = append(groups, pg)
+			}
 		}
 		req.Jobs = append(req.Jobs, rep)
 		if rep.State != agentapi.RunRunning || r.isDone() {
@@ -376,7 +390,13 @@ func (ag *Agent) buildSync() agentapi.SyncRequest {
 	if len(req.Logs) > 0 {
 		req.Wait = 0
 	}
-	if now := time.Now(); now.Sub(ag.telemetryAt) >= telemetryEvery {
+	if len(readers) > 0 {
+		readBytesByGroup(reads)
+		for i, k := range readers {
+			req.Jobs[k].ReadBytes = reads[groups[i]]
+		}
+	}
+	if telemetry {
 		ag.telemetryAt = now
 		if s, _, err := ag.samples.since(ag.backend, now); err == nil {
 			ag.noteEventsLocked(s)

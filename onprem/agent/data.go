@@ -295,32 +295,39 @@ func (ag *Agent) finishData(r *run, workdir string, code int, sig string) {
 	r.setPhase(agentapi.PhaseDone)
 }
 
-// readBytes sums read_bytes of /proc/PID/io over a process group: what the
-// job has read from storage.
-func readBytes(pgid int) int64 {
-	if pgid <= 0 {
-		return 0
+// readBytesAfter is how long an attempt runs before the agent reports
+// its read bytes (with the GPU telemetry).
+const readBytesAfter = time.Second
+
+// readBytesByGroup sets groups[pgid] to the sum of read_bytes of
+// /proc/PID/io over the processes of each process group in groups: what
+// each job has read from storage. One walk of /proc serves all groups.
+func readBytesByGroup(groups map[int]int64) {
+	if len(groups) == 0 {
+		return
 	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0
+		return
 	}
-	var total int64
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		if pg, ok := procGroup(pid); !ok || pg != pgid {
+		pg, ok := procGroup(pid)
+		if !ok {
+			continue
+		}
+		if _, want := groups[pg]; !want {
 			continue
 		}
 		raw, err := os.ReadFile("/proc/" + e.Name() + "/io")
 		if err != nil {
 			continue
 		}
-		total += parseReadBytes(string(raw))
+		groups[pg] += parseReadBytes(string(raw))
 	}
-	return total
 }
 
 // parseReadBytes reads the read_bytes line of a /proc/PID/io file.

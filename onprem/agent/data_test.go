@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -171,8 +171,25 @@ func TestParseReadBytes(t *testing.T) {
 	if n := parseReadBytes("rchar: 10\nwchar: 3\nread_bytes: 4096\nwrite_bytes: 0\n"); n != 4096 {
 		t.Fatalf("got %d", n)
 	}
-	if readBytes(os.Getpid()) < 0 || filepath.Separator != '/' {
-		t.Fatal("unexpected")
+}
+
+// One walk of /proc sums read_bytes per process group: the test's own
+// group counts at least this process's bytes read so far, and a group
+// with no process counts nothing.
+func TestReadBytesByGroup(t *testing.T) {
+	raw, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := parseReadBytes(string(raw))
+	pg := syscall.Getpgrp()
+	groups := map[int]int64{pg: 0, 1 << 30: 0}
+	readBytesByGroup(groups)
+	if groups[pg] < own {
+		t.Fatalf("group %d read %d bytes, less than this process alone (%d)", pg, groups[pg], own)
+	}
+	if groups[1<<30] != 0 || len(groups) != 2 {
+		t.Fatalf("groups %v", groups)
 	}
 }
 

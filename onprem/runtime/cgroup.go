@@ -22,6 +22,9 @@ type cgroups struct {
 	root string
 	// swap is whether the v1 hierarchy accounts swap (memsw files).
 	swap bool
+	// others are v1's other hierarchies (cpu, pids…), where Podman makes
+	// an attempt's cgroup too; listed once, not for every removal.
+	others []string
 }
 
 const cgroupParent = "spillway"
@@ -53,6 +56,13 @@ func detectCgroups(mnt string) (*cgroups, error) {
 	}
 	if err := c.ensureParent(); err != nil {
 		return nil, err
+	}
+	if ents, err := os.ReadDir(mnt); err == nil {
+		for _, e := range ents {
+			if p := filepath.Join(mnt, e.Name()); e.IsDir() && p != mem {
+				c.others = append(c.others, p)
+			}
+		}
 	}
 	return c, nil
 }
@@ -194,11 +204,10 @@ func (g *cgroup) atLimit() bool {
 func (g *cgroup) remove() error {
 	err := g.removeTree(g.path)
 	if !g.c.v2 {
-		others, _ := filepath.Glob(filepath.Join(filepath.Dir(g.c.root), "*", strings.TrimPrefix(g.rel, "/")))
-		for _, o := range others {
-			if o != g.path {
-				_ = g.removeTree(o)
-			}
+		// Where Podman made none (a process job's attempt, or none at all)
+		// this is one lstat per hierarchy.
+		for _, h := range g.c.others {
+			_ = g.removeTree(filepath.Join(h, g.rel))
 		}
 	}
 	return err
