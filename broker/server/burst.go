@@ -21,9 +21,9 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/adapters"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/burstctl"
-	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/aws"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
@@ -82,7 +82,7 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 		b.providers[p.Name()] = p
 		b.kinds[p.Name()] = billing.PoolCloud
 	}
-	for i, pc := range s.cfg().Providers {
+	for i, pc := range s.adapt().Providers {
 		p, kind, err := s.buildProvider(ctx, pc)
 		if err != nil {
 			return fmt.Errorf("providers[%d]: %w", i, err)
@@ -154,7 +154,7 @@ func (s *Server) sshKeyPath() string {
 }
 
 // buildProvider makes one configured provider.
-func (s *Server) buildProvider(ctx context.Context, pc config.Provider) (providers.Provider, billing.PoolKind, error) {
+func (s *Server) buildProvider(ctx context.Context, pc adapters.Provider) (providers.Provider, billing.PoolKind, error) {
 	switch {
 	case pc.AWS != nil:
 		p, err := aws.New(ctx, *pc.AWS)
@@ -619,7 +619,7 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		gpus = fmt.Sprintf("sim:%dx%s-%dGB", max(rec.Offer.GPUs, 1), firstNonEmpty(rec.Offer.GPUModel, "H100"), max(rec.Offer.GPUMemoryBytes>>30, 1))
 	}
 	agent := bootstrap.AgentConfig{Broker: s.cfg().AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
-		DataDir: machineDir(s.cfg().Burst.AgentDataDir, rec.ID), Data: s.cfg().Burst.AgentData,
+		DataDir: machineDir(s.cfg().Burst.AgentDataDir, rec.ID), Data: s.adapt().AgentData,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType},
 		Runtime: s.burstRuntime(rec.Provider), Notice: s.noticeWatch(rec)}

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/adapters"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/onprem/gpu"
@@ -67,6 +68,10 @@ type Server struct {
 	metrics *metrics
 	ids     *idSource
 	started time.Time
+
+	// sections are conf's adapter sections decoded (providers, the
+	// agents' runtime and data); swapped with conf.
+	sections atomic.Pointer[adapters.Config]
 
 	// progress holds what starting attempts wait for, by job id
 	// ("pulling image 1.2/4.0 GB"); in memory only (runtime.go).
@@ -171,7 +176,12 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		nodeWake:    map[string]chan struct{}{},
 		schedWake:   make(chan struct{}, 1),
 	}
+	sections, err := adapters.Parse(cfg)
+	if err != nil {
+		return nil, err
+	}
 	s.conf.Store(cfg)
+	s.sections.Store(sections)
 	s.metrics = newMetrics(opt.Registry, s)
 	s.oidcClient = opt.OIDCClient
 	s.staticTokens = hashStaticTokens(cfg.Auth.Tokens)
@@ -229,6 +239,9 @@ func (s *Server) load(ctx context.Context) error {
 // cfg is the configuration in force. A reload swaps it whole, so one
 // call's fields always belong together.
 func (s *Server) cfg() *config.Config { return s.conf.Load() }
+
+// adapt is cfg()'s adapter sections, decoded (broker/adapters).
+func (s *Server) adapt() *adapters.Config { return s.sections.Load() }
 
 // Handler is the HTTP handler (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.echo }

@@ -92,10 +92,10 @@ func (s *Server) slurmSuspend(c echo.Context) error {
 }
 
 func (s *Server) slurmCommands() slurm.Commands {
-	if s.cfg().Slurm == nil {
-		return slurm.Commands{}
+	if c := s.adapt().Slurm; c != nil {
+		return *c
 	}
-	return s.cfg().Slurm.Commands()
+	return slurm.Commands{}
 }
 
 // liveSlurmRecordLocked is the record backing a node that has not ended.
