@@ -263,14 +263,16 @@ func (s *Server) startWorkerLocked(ctx context.Context, id string, fn func(conte
 		return
 	}
 	s.burst.working[id] = true
-	go func() {
+	// Owned by the term (tasks.go): its end and Serve wait for the worker.
+	// The worker keeps the caller's context, which the term's bounds.
+	s.goWork(func(context.Context) {
 		defer func() {
 			s.mu.Lock()
 			delete(s.burst.working, id)
 			s.mu.Unlock()
 		}()
 		fn(ctx, id)
-	}()
+	})
 }
 
 // refreshOffers asks every provider for its offers when the cache is old.
@@ -542,11 +544,14 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 			return &errStep{"create", err}
 		default:
 			s.log.Warn("burst create failed; retrying", "record", rec.ID, "err", err, "in", backoff)
+			unpark := s.park()
 			select {
 			case <-ctx.Done():
+				unpark()
 				return ctx.Err()
 			case <-s.clock.After(backoff):
 			}
+			unpark()
 			backoff = min(2*backoff, time.Minute)
 		}
 	}
@@ -680,11 +685,14 @@ func (s *Server) waitRegistered(ctx context.Context, id string, since time.Time)
 		if done {
 			return nil
 		}
+		unpark := s.park()
 		select {
 		case <-ctx.Done():
+			unpark()
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
+		unpark()
 	}
 }
 
@@ -747,11 +755,14 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 		if err != nil {
 			s.log.Warn("burst delete failed; retrying", "record", id, "err", err, "in", backoff)
 		}
+		unpark := s.park()
 		select {
 		case <-ctx.Done():
+			unpark()
 			return
 		case <-s.clock.After(backoff):
 		}
+		unpark()
 		backoff = min(2*backoff, 30*time.Second)
 	}
 	if ctx.Err() != nil {

@@ -266,23 +266,29 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			s.log.Warn("a shared agent token is configured: it may register any node name not enrolled yet; enrol nodes with join tokens instead (spillway node token create, docs/security.md)", "token", t.Name)
 		}
 	}
-	loopDone := make(chan struct{})
-	go func() {
-		defer close(loopDone)
-		s.lead(ctx) // the scheduling loop, burst controller and other leader tasks
-	}()
+	// Serve owns both goroutines it starts and returns only after both
+	// did: the leader tasks (which wait for their work, tasks.go) and the
+	// HTTP server.
+	lctx, stopLead := context.WithCancel(ctx)
+	defer stopLead()
+	var owned sync.WaitGroup
+	owned.Go(func() { s.lead(lctx) }) // the scheduling loop, burst controller and other leader tasks
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
+	owned.Go(func() { errc <- srv.Serve(l) })
 	s.log.Info("broker serving", "addr", l.Addr().String(), "version", api.Version)
+	var serveErr error
 	select {
 	case <-ctx.Done():
-	case err := <-errc:
-		return fmt.Errorf("serve http: %w", err)
+	case serveErr = <-errc:
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := srv.Shutdown(shutdown)
-	<-loopDone
+	stopLead()
+	owned.Wait()
+	if serveErr != nil {
+		return fmt.Errorf("serve http: %w", serveErr)
+	}
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}
