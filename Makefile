@@ -115,6 +115,8 @@ check: ## gofmt, go vet, import boundaries (client/api without server, config wi
 		if [ -n "$$bad" ]; then echo "import boundary broken (broker/config keeps adapter sections raw; broker/adapters reads them):"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -deps ./broker/config | grep -E '^$(MODULE)/(broker/(redis|bolt|server)|providers/(aws|gcp|lease|sshpool|fake|fakecloud)|onprem/(runtime|staging|agent))$$' || true); \
 		if [ -n "$$bad" ]; then echo "import boundary broken (broker/config links an adapter):"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -deps ./broker/client ./broker/api | grep -E '^(github.com/aws/aws-sdk-go-v2|cloud.google.com/go/compute)(/|$$)' | head -3); \
+		if [ -n "$$bad" ]; then echo "broker/client or broker/api links a cloud SDK (through broker/config?):"; echo "$$bad"; exit 1; fi
 	@$(GO) run ./cmd/archdoc -check docs/architecture.md
 	@bad=$$($(GO) list -deps ./cmd/spillway | grep -x testing || true); \
 		if [ -n "$$bad" ]; then echo "the spillway binary links package testing:"; $(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' -deps ./cmd/spillway | grep -w testing | grep -v '^testing'; exit 1; fi
