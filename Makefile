@@ -103,7 +103,7 @@ dist-nfpm:
 	ls -l dist
 
 .PHONY: check
-check: ## gofmt, go vet, import boundaries (client/api without server, binary without testing), no InsecureIgnoreHostKey outside tests
+check: ## gofmt, go vet, import boundaries (client/api without server, config without adapters, binary without testing), docs/architecture.md lists every package, no InsecureIgnoreHostKey outside tests
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./providers/... ./billing/... ./onprem/... \
@@ -111,11 +111,26 @@ check: ## gofmt, go vet, import boundaries (client/api without server, binary wi
 		if [ -n "$$bad" ]; then echo "import boundary broken (providers/, billing/, onprem/ must not import broker/):"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -deps ./broker/client ./broker/api | grep -x '$(MODULE)/broker/server' || true); \
 		if [ -n "$$bad" ]; then echo "import boundary broken (broker/client and broker/api must not import broker/server):"; $(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' -deps ./broker/client | grep 'broker/server\b'; exit 1; fi
+	@bad=$$($(GO) list -f '{{join .Imports "\n"}}' ./broker/config | grep -E '^$(MODULE)/(broker/(redis|bolt|server|slurm)|providers|onprem)(/|$$)' || true); \
+		if [ -n "$$bad" ]; then echo "import boundary broken (broker/config keeps adapter sections raw; broker/adapters reads them):"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -deps ./broker/config | grep -E '^$(MODULE)/(broker/(redis|bolt|server)|providers/(aws|gcp|lease|sshpool|fake|fakecloud)|onprem/(runtime|staging|agent))$$' || true); \
+		if [ -n "$$bad" ]; then echo "import boundary broken (broker/config links an adapter):"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -deps ./broker/client ./broker/api | grep -E '^(github.com/aws/aws-sdk-go-v2|cloud.google.com/go/compute)(/|$$)' | head -3); \
+		if [ -n "$$bad" ]; then echo "broker/client or broker/api links a cloud SDK (through broker/config?):"; echo "$$bad"; exit 1; fi
+	@$(GO) run ./cmd/archdoc -check docs/architecture.md
 	@bad=$$($(GO) list -deps ./cmd/spillway | grep -x testing || true); \
 		if [ -n "$$bad" ]; then echo "the spillway binary links package testing:"; $(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' -deps ./cmd/spillway | grep -w testing | grep -v '^testing'; exit 1; fi
 	@bad=$$(git grep -n 'InsecureIgnoreHostKey' -- '*.go' ':!*_test.go' ':!integration/**' || true); \
 		if [ -n "$$bad" ]; then echo "ssh.InsecureIgnoreHostKey outside tests:"; echo "$$bad"; exit 1; fi
 	@echo "check: ok"
+
+.PHONY: archdoc
+archdoc: ## redraw the package graph in docs/architecture.md from go list (make check fails when it is stale)
+	$(GO) run ./cmd/archdoc -write docs/architecture.md
+
+.PHONY: race
+race: ## the broker's tests under the race detector, one package at a time (docs/benchmarks.md has its duration)
+	$(GO) test -race -count=1 -p 1 -timeout 30m ./broker/...
 
 .PHONY: sim
 sim: build ## replay Philly (Oct-Nov 2017) on 416 on-prem GPUs under every burst policy; chart in bin/sim.svg

@@ -198,3 +198,14 @@ type NodeCache struct {
 	// HitRatio is hits over lookups.
 	HitRatio float64 `json:"hitRatio"`
 }
+
+// CheckBucket checks one entry of a team's allow-list (SpecLimits.Buckets,
+// the config's teams[].buckets): "*" or an object-store location that
+// validateData can match job locations against.
+func CheckBucket(pattern string) error {
+	if pattern == "*" {
+		return nil
+	}
+	_, err := location.Parse(pattern)
+	return err
+}

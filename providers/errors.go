@@ -112,3 +112,26 @@ func IsHostKeyMismatch(err error) bool { return errors.Is(err, ErrHostKeyMismatc
 func IsNextOffer(err error) bool {
 	return errors.Is(err, ErrInsufficientCapacity) || errors.Is(err, ErrQuotaExceeded) || errors.Is(err, ErrUnsupported)
 }
+
+// ConfigError is one bad field of a provider's config section. Field is
+// relative to the section ("region", "instanceTypes[0]"); the broker's
+// config check puts the section's path in front
+// ("providers[0].aws.region").
+type ConfigError struct {
+	Field   string
+	Message string
+}
+
+func (e *ConfigError) Error() string { return e.Field + ": " + e.Message }
+
+// ConfigErrors collects a section's ConfigErrors; Err joins them (nil when
+// none).
+type ConfigErrors []error
+
+// Add records that field breaks the rule in format.
+func (c *ConfigErrors) Add(field, format string, args ...any) {
+	*c = append(*c, &ConfigError{Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// Err is the joined errors, or nil.
+func (c ConfigErrors) Err() error { return errors.Join(c...) }

@@ -1,8 +1,6 @@
 package config
 
 import (
-	"github.com/spillway-dev/spillway/onprem/runtime"
-
 	"cmp"
 	"fmt"
 	"regexp"
@@ -10,11 +8,6 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
-	"github.com/spillway-dev/spillway/onprem/staging"
-	"github.com/spillway-dev/spillway/providers/aws"
-	"github.com/spillway-dev/spillway/providers/gcp"
-	"github.com/spillway-dev/spillway/providers/lease"
-	"github.com/spillway-dev/spillway/providers/sshpool"
 )
 
 // Burst configures the burst controller (docs/bursting.md).
@@ -57,14 +50,17 @@ type Burst struct {
 	AgentDataDir string `json:"agentDataDir,omitempty"`
 	// AgentData is the object-store access and input cache of burst
 	// agents (docs/data.md); empty: the machine's credential chain (its
-	// instance role) and AWS endpoints.
-	AgentData *staging.Config `json:"agentData,omitempty"`
+	// instance role) and AWS endpoints. The agent's section (staging),
+	// read and checked by broker/adapters.
+	AgentData *broker.Section `json:"agentData,omitempty"`
 	// AgentRuntime is how burst machines' agents run jobs (process or
 	// oci, docs/agent.md); ProviderRuntimes overrides it per provider
 	// (by provider name). PrePullImages is how many of the queue's
-	// most-used images a new machine pulls before its first job.
-	AgentRuntime     runtime.Config            `json:"agentRuntime,omitempty"`
-	ProviderRuntimes map[string]runtime.Config `json:"providerRuntimes,omitempty"`
+	// most-used images a new machine pulls before its first job. The
+	// agent's sections (onprem/runtime), read and checked by
+	// broker/adapters.
+	AgentRuntime     *broker.Section           `json:"agentRuntime,omitempty"`
+	ProviderRuntimes map[string]broker.Section `json:"providerRuntimes,omitempty"`
 	PrePullImages    int                       `json:"prePullImages,omitempty"`
 	// RemoteDir is where the binary and agent config go on the machine.
 	RemoteDir string `json:"remoteDir,omitempty"`
@@ -112,12 +108,42 @@ type BurstQueue struct {
 	Never bool `json:"never,omitempty"`
 }
 
-// Provider is one entry of `providers:`: exactly one of its fields.
+// Provider is one entry of `providers:`: exactly one of its fields. Each
+// is its adapter's section (providers/aws, gcp, lease, sshpool), kept as
+// read: broker/adapters decodes it into the adapter's Config and the
+// adapter validates it, so this package imports no adapter.
 type Provider struct {
-	AWS     *aws.Config     `json:"aws,omitempty"`
-	GCP     *gcp.Config     `json:"gcp,omitempty"`
-	Lambda  *lease.Config   `json:"lambda,omitempty"`
-	SSHPool *sshpool.Config `json:"sshpool,omitempty"`
+	AWS     *broker.Section `json:"aws,omitempty"`
+	GCP     *broker.Section `json:"gcp,omitempty"`
+	Lambda  *broker.Section `json:"lambda,omitempty"`
+	SSHPool *broker.Section `json:"sshpool,omitempty"`
+}
+
+// Kind is the provider's key ("aws", "gcp", "lambda", "sshpool") and its
+// section; "" when none or more than one is set.
+func (p Provider) Kind() (string, *broker.Section) {
+	kind, sec, n := "", (*broker.Section)(nil), 0
+	for _, k := range []struct {
+		name string
+		s    *broker.Section
+	}{{"aws", p.AWS}, {"gcp", p.GCP}, {"lambda", p.Lambda}, {"sshpool", p.SSHPool}} {
+		if k.s != nil {
+			kind, sec, n = k.name, k.s, n+1
+		}
+	}
+	if n != 1 {
+		return "", nil
+	}
+	return kind, sec
+}
+
+// Name is the provider's configured name ("" when it leaves the
+// adapter's default).
+func (p Provider) Name() string {
+	if _, sec := p.Kind(); sec != nil {
+		return sec.String("name")
+	}
+	return ""
 }
 
 var agentGPUsRe = regexp.MustCompile(`^(auto|nvml|none|sim)$`)
@@ -147,17 +173,6 @@ func (c *Config) burstDefaults() {
 	}
 	b.SpillBack.MinInterval = cmp.Or(b.SpillBack.MinInterval, broker.Duration(time.Hour))
 	b.SpillBack.Staging = cmp.Or(b.SpillBack.Staging, broker.Duration(2*time.Minute))
-	// Providers tag machines with the cluster's name unless told otherwise.
-	for _, p := range c.Providers {
-		switch {
-		case p.AWS != nil && p.AWS.Cluster == "":
-			p.AWS.Cluster = c.Cluster
-		case p.GCP != nil && p.GCP.Cluster == "":
-			p.GCP.Cluster = c.Cluster
-		case p.Lambda != nil && p.Lambda.Cluster == "":
-			p.Lambda.Cluster = c.Cluster
-		}
-	}
 }
 
 func (c *Config) validateBurst(add func(field, code, format string, args ...any)) {
@@ -231,27 +246,11 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 	names := map[string]bool{}
 	for i, p := range c.Providers {
 		f := fmt.Sprintf("providers[%d]", i)
-		n, name := 0, ""
-		if p.AWS != nil {
-			n++
-			name = p.AWS.Name
-		}
-		if p.GCP != nil {
-			n++
-			name = p.GCP.Name
-		}
-		if p.Lambda != nil {
-			n++
-			name = p.Lambda.Name
-		}
-		if p.SSHPool != nil {
-			n++
-			name = p.SSHPool.Name
-		}
-		if n != 1 {
+		if kind, _ := p.Kind(); kind == "" {
 			add(f, broker.CodeInvalid, "set exactly one of aws, gcp, lambda, sshpool")
 			continue
 		}
+		name := p.Name()
 		if name != "" && names[name] {
 			add(f, broker.CodeInvalid, "duplicate provider name %q", name)
 		}
@@ -279,13 +278,4 @@ func (c *Config) BurstPolicy() burst.Policy {
 		p.Priorities[pr.Name] = pr.Value
 	}
 	return p
-}
-
-// RuntimeFor is the runtime configuration of a burst machine's agent on
-// provider.
-func (b *Burst) RuntimeFor(provider string) runtime.Config {
-	if rt, ok := b.ProviderRuntimes[provider]; ok {
-		return rt
-	}
-	return b.AgentRuntime
 }

@@ -21,7 +21,6 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
-	redisstore "github.com/spillway-dev/spillway/broker/redis"
 )
 
 // Config is the whole broker configuration.
@@ -448,9 +447,7 @@ func (c *Config) Validate() error {
 		add("store", broker.CodeRequired, "still has the example's %s: put the Redis password (requirepass) in the URL", Placeholder)
 	case strings.HasPrefix(c.Store, "bolt://"):
 	case c.IsRedis():
-		if err := redisstore.CheckURL(c.Store); err != nil {
-			add("store", broker.CodeInvalid, "%v", err)
-		}
+		// broker/adapters checks the URL itself (broker/redis.CheckURL).
 	default:
 		add("store", broker.CodeInvalid, "must be bolt, bolt:///path/file.db, redis://host:port/db, rediss://… or redis-sentinel://host:port,…/master/db")
 	}

@@ -46,9 +46,8 @@ func TestHADefaultsAndStore(t *testing.T) {
 
 func TestHABadValuesNameField(t *testing.T) {
 	cases := map[string]string{
-		"dataDir: x\nstore: redis://h:1/0?prefix=a*":          "store",
-		"dataDir: x\nstore: redis-sentinel://h/m":             "store",
-		"dataDir: x\nstore: rediss://h:1/notanumber":          "store",
+		// A bad Redis URL is broker/redis's to name (broker/adapters'
+		// TestAdapterSectionsNameField).
 		"dataDir: x\nha: {leaseTTL: 100ms}":                   "ha.leaseTTL",
 		"dataDir: x\nha: {leaseTTL: 2s, renewInterval: 1s}":   "ha.renewInterval",
 		"dataDir: x\nha: {brokerID: 'a|b'}":                   "ha.brokerID",

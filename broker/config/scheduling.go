@@ -7,7 +7,6 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/sched"
-	"github.com/spillway-dev/spillway/onprem/staging/location"
 )
 
 // Bounds on the scheduling fields.
@@ -75,10 +74,7 @@ func (c *Config) validateScheduling(add func(field, code, format string, args ..
 			checkQuota(add, f+".quota", t.Quota.GPUs, t.Quota.BorrowLimit)
 		}
 		for k, b := range t.Buckets {
-			if b == "*" {
-				continue
-			}
-			if _, err := location.Parse(b); err != nil {
+			if err := broker.CheckBucket(b); err != nil {
 				add(fmt.Sprintf("%s.buckets[%d]", f, k), broker.CodeInvalid, "%s", err.Error())
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/slurm"
 )
 
 // Slurm makes the broker Slurm's burst provider (docs/slurm.md): slurm.conf
@@ -169,17 +168,12 @@ func (c *Config) validateSlurm(add func(field, code, format string, args ...any)
 	}
 	provs := map[string]bool{}
 	for _, p := range c.Providers {
-		provs[nameOf(p)] = true
+		provs[p.Name()] = true
 	}
 	for i, n := range s.Nodes {
 		f := fmt.Sprintf("slurm.nodes[%d]", i)
 		if n.Names == "" && n.Partition == "" && n.Feature == "" {
 			add(f, broker.CodeRequired, "set names, partition or feature")
-		}
-		if n.Names != "" {
-			if _, err := slurm.Expand(n.Names); err != nil {
-				add(f+".names", broker.CodeInvalid, "%v", err)
-			}
 		}
 		if n.Team != "" && !nameRe.MatchString(n.Team) {
 			add(f+".team", broker.CodeInvalid, "must be 1-63 letters, digits, '.', '_' or '-'")
@@ -201,25 +195,5 @@ func (c *Config) validateSlurm(add func(field, code, format string, args ...any)
 	}
 }
 
-// nameOf is a configured provider's name.
-func nameOf(p Provider) string {
-	switch {
-	case p.AWS != nil:
-		return p.AWS.Name
-	case p.GCP != nil:
-		return p.GCP.Name
-	case p.Lambda != nil:
-		return p.Lambda.Name
-	case p.SSHPool != nil:
-		return p.SSHPool.Name
-	}
-	return ""
-}
-
 // TeamFor is the budget scope of a node entry.
 func (s *Slurm) TeamFor(n SlurmNodes) string { return cmp.Or(n.Team, s.Team) }
-
-// Commands are the Slurm client commands the broker runs.
-func (s *Slurm) Commands() slurm.Commands {
-	return slurm.Commands{Scontrol: s.Scontrol, Squeue: s.Squeue, Sacct: s.Sacct, Env: s.Env}
-}

@@ -21,9 +21,9 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/adapters"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/burstctl"
-	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/aws"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
@@ -82,7 +82,7 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 		b.providers[p.Name()] = p
 		b.kinds[p.Name()] = billing.PoolCloud
 	}
-	for i, pc := range s.cfg().Providers {
+	for i, pc := range s.adapt().Providers {
 		p, kind, err := s.buildProvider(ctx, pc)
 		if err != nil {
 			return fmt.Errorf("providers[%d]: %w", i, err)
@@ -154,7 +154,7 @@ func (s *Server) sshKeyPath() string {
 }
 
 // buildProvider makes one configured provider.
-func (s *Server) buildProvider(ctx context.Context, pc config.Provider) (providers.Provider, billing.PoolKind, error) {
+func (s *Server) buildProvider(ctx context.Context, pc adapters.Provider) (providers.Provider, billing.PoolKind, error) {
 	switch {
 	case pc.AWS != nil:
 		p, err := aws.New(ctx, *pc.AWS)
@@ -263,14 +263,16 @@ func (s *Server) startWorkerLocked(ctx context.Context, id string, fn func(conte
 		return
 	}
 	s.burst.working[id] = true
-	go func() {
+	// Owned by the term (tasks.go): its end and Serve wait for the worker.
+	// The worker keeps the caller's context, which the term's bounds.
+	s.goWork(func(context.Context) {
 		defer func() {
 			s.mu.Lock()
 			delete(s.burst.working, id)
 			s.mu.Unlock()
 		}()
 		fn(ctx, id)
-	}()
+	})
 }
 
 // refreshOffers asks every provider for its offers when the cache is old.
@@ -542,11 +544,14 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 			return &errStep{"create", err}
 		default:
 			s.log.Warn("burst create failed; retrying", "record", rec.ID, "err", err, "in", backoff)
+			unpark := s.park()
 			select {
 			case <-ctx.Done():
+				unpark()
 				return ctx.Err()
 			case <-s.clock.After(backoff):
 			}
+			unpark()
 			backoff = min(2*backoff, time.Minute)
 		}
 	}
@@ -616,7 +621,7 @@ func (s *Server) stepBootstrap(ctx context.Context, rec *broker.InstanceRecord, 
 		gpus = fmt.Sprintf("sim:%dx%s-%dGB", max(rec.Offer.GPUs, 1), firstNonEmpty(rec.Offer.GPUModel, "H100"), max(rec.Offer.GPUMemoryBytes>>30, 1))
 	}
 	agent := bootstrap.AgentConfig{Broker: s.cfg().AdvertiseURL, Token: token, Name: rec.ID, GPUs: gpus, CA: s.brokerCA(),
-		DataDir: machineDir(s.cfg().Burst.AgentDataDir, rec.ID), Data: s.cfg().Burst.AgentData,
+		DataDir: machineDir(s.cfg().Burst.AgentDataDir, rec.ID), Data: s.adapt().AgentData,
 		Labels: map[string]string{"pool": rec.Provider, "instance": rec.ID, "provider": rec.Provider,
 			"region": rec.Offer.Region, "instanceType": rec.Offer.InstanceType},
 		Runtime: s.burstRuntime(rec.Provider), Notice: s.noticeWatch(rec)}
@@ -677,11 +682,14 @@ func (s *Server) waitRegistered(ctx context.Context, id string, since time.Time)
 		if done {
 			return nil
 		}
+		unpark := s.park()
 		select {
 		case <-ctx.Done():
+			unpark()
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
+		unpark()
 	}
 }
 
@@ -748,11 +756,14 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 			// backoff later.
 			break
 		}
+		unpark := s.park()
 		select {
 		case <-ctx.Done():
+			unpark()
 			return
 		case <-s.clock.After(backoff):
 		}
+		unpark()
 		backoff = min(2*backoff, 30*time.Second)
 	}
 	if ctx.Err() != nil {

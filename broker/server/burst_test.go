@@ -106,7 +106,9 @@ func (r *burstRig) bootstrap(ctx context.Context, rec *broker.InstanceRecord, pr
 	r.bootFail, r.bootHang = nil, false
 	r.mu.Unlock()
 	if hang {
+		unpark := r.srv.park() // an unreachable machine: a wait, not work
 		<-ctx.Done()
+		unpark()
 		return nil, ctx.Err()
 	}
 	tr := &bootstrap.Transcript{Addr: rec.SSHHost, User: rec.SSHUser, StartedAt: time.Now()}
@@ -174,7 +176,7 @@ func (r *burstRig) until(what string, max int, cond func() bool) {
 			return
 		}
 		r.step()
-		time.Sleep(5 * time.Millisecond) // let workers run
+		<-r.srv.workersSettled() // the step's workers are done or waiting
 	}
 	r.t.Fatalf("%s: not reached in %d steps", what, max)
 }

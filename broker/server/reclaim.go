@@ -46,11 +46,11 @@ func (s *Server) noticeWatch(rec *broker.InstanceRecord) *agentapi.NoticeWatch {
 	if !rec.Offer.Spot {
 		return nil
 	}
-	for _, pc := range s.cfg().Providers {
+	for _, pc := range s.adapt().Providers {
 		switch {
-		case pc.AWS != nil && cmp.Or(pc.AWS.Name, "aws-"+pc.AWS.Region) == rec.Provider:
+		case pc.AWS != nil && pc.Name() == rec.Provider:
 			return &agentapi.NoticeWatch{Provider: "aws", Endpoint: pc.AWS.MetadataEndpoint}
-		case pc.GCP != nil && cmp.Or(pc.GCP.Name, "gcp-"+pc.GCP.Project) == rec.Provider:
+		case pc.GCP != nil && pc.Name() == rec.Provider:
 			return &agentapi.NoticeWatch{Provider: "gcp", Endpoint: pc.GCP.MetadataEndpoint}
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/adapters"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
@@ -116,6 +117,10 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 	}
 	next, err := config.Load(rs.file)
 	if err == nil {
+		// The adapters' sections are checked by their adapters.
+		_, err = adapters.Parse(next)
+	}
+	if err == nil {
 		s.mu.Lock()
 		err = s.checkReloadLocked(next)
 		s.mu.Unlock()
@@ -144,6 +149,12 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 		sec.set(&merged, next)
 		res.Applied = append(res.Applied, sec.key)
 	}
+	// merged mixes next's live sections with cur's restart ones, both
+	// checked: decoding it cannot fail.
+	sections, err := adapters.Parse(&merged)
+	if err != nil {
+		return res, fmt.Errorf("reload: the merged config's adapter sections: %w", err)
+	}
 	// The sections' values as of this file, so a second reload of the
 	// same file reports nothing new.
 	rs.base = next
@@ -152,7 +163,7 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 	s.mu.Lock()
 	err = s.store.Batch(ctx, func(tx broker.Tx) error { return broker.Audit(tx, rec) })
 	if err == nil {
-		s.applyConfigLocked(&merged)
+		s.applyConfigLocked(&merged, sections)
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -200,8 +211,9 @@ func (s *Server) checkReloadLocked(next *config.Config) error {
 
 // applyConfigLocked makes c the config in force and rebuilds what the
 // server derived from the old one. Everything else reads s.cfg() on use.
-func (s *Server) applyConfigLocked(c *config.Config) {
+func (s *Server) applyConfigLocked(c *config.Config, sections *adapters.Config) {
 	s.conf.Store(c)
+	s.sections.Store(sections)
 	s.reloadTokens(c.Auth.Tokens)
 	if sc := &s.scheduling; sc.ledger != nil {
 		sc.policy = c.Policy()

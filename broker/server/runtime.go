@@ -175,7 +175,7 @@ func (s *Server) getUpload(c echo.Context) error {
 // operator configured for its provider, plus the queue's most-used images
 // to pull while the machine comes up (oci only).
 func (s *Server) burstRuntime(provider string) *jobrt.Config {
-	rt := s.cfg().Burst.RuntimeFor(provider)
+	rt := s.adapt().RuntimeFor(provider)
 	if rt.Kind == jobrt.KindOCI {
 		rt.PrePull = s.topImages(cmp.Or(s.cfg().Burst.PrePullImages, 3))
 	}

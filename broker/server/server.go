@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/adapters"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/sched"
@@ -68,6 +69,10 @@ type Server struct {
 	metrics *metrics
 	ids     *idSource
 	started time.Time
+
+	// sections are conf's adapter sections decoded (providers, the
+	// agents' runtime and data); swapped with conf.
+	sections atomic.Pointer[adapters.Config]
 
 	// progress holds what starting attempts wait for, by job id
 	// ("pulling image 1.2/4.0 GB"); in memory only (runtime.go).
@@ -172,7 +177,12 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		nodeWake:    map[string]chan struct{}{},
 		schedWake:   make(chan struct{}, 1),
 	}
+	sections, err := adapters.Parse(cfg)
+	if err != nil {
+		return nil, err
+	}
 	s.conf.Store(cfg)
+	s.sections.Store(sections)
 	s.metrics = newMetrics(opt.Registry, s)
 	s.oidcClient = opt.OIDCClient
 	s.staticTokens = hashStaticTokens(cfg.Auth.Tokens)
@@ -231,6 +241,9 @@ func (s *Server) load(ctx context.Context) error {
 // call's fields always belong together.
 func (s *Server) cfg() *config.Config { return s.conf.Load() }
 
+// adapt is cfg()'s adapter sections, decoded (broker/adapters).
+func (s *Server) adapt() *adapters.Config { return s.sections.Load() }
+
 // Handler is the HTTP handler (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.echo }
 
@@ -254,23 +267,29 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			s.log.Warn("a shared agent token is configured: it may register any node name not enrolled yet; enrol nodes with join tokens instead (spillway node token create, docs/security.md)", "token", t.Name)
 		}
 	}
-	loopDone := make(chan struct{})
-	go func() {
-		defer close(loopDone)
-		s.lead(ctx) // the scheduling loop, burst controller and other leader tasks
-	}()
+	// Serve owns both goroutines it starts and returns only after both
+	// did: the leader tasks (which wait for their work, tasks.go) and the
+	// HTTP server.
+	lctx, stopLead := context.WithCancel(ctx)
+	defer stopLead()
+	var owned sync.WaitGroup
+	owned.Go(func() { s.lead(lctx) }) // the scheduling loop, burst controller and other leader tasks
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
+	owned.Go(func() { errc <- srv.Serve(l) })
 	s.log.Info("broker serving", "addr", l.Addr().String(), "version", api.Version)
+	var serveErr error
 	select {
 	case <-ctx.Done():
-	case err := <-errc:
-		return fmt.Errorf("serve http: %w", err)
+	case serveErr = <-errc:
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := srv.Shutdown(shutdown)
-	<-loopDone
+	stopLead()
+	owned.Wait()
+	if serveErr != nil {
+		return fmt.Errorf("serve http: %w", serveErr)
+	}
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shut down http: %w", err)
 	}

@@ -92,10 +92,10 @@ func (s *Server) slurmSuspend(c echo.Context) error {
 }
 
 func (s *Server) slurmCommands() slurm.Commands {
-	if s.cfg().Slurm == nil {
-		return slurm.Commands{}
+	if c := s.adapt().Slurm; c != nil {
+		return *c
 	}
-	return s.cfg().Slurm.Commands()
+	return slurm.Commands{}
 }
 
 // liveSlurmRecordLocked is the record backing a node that has not ended.
@@ -583,14 +583,17 @@ func (s *Server) waitSlurmRegistered(ctx context.Context, cmds slurm.Commands, i
 				return nil
 			}
 		}
+		unpark := s.park()
 		select {
 		case <-ctx.Done():
+			unpark()
 			if ctx.Err() == context.DeadlineExceeded {
 				return fmt.Errorf("slurmd on %s did not register within %s (state %s)", node, s.cfg().Slurm.RegisterTimeout, cmp.Or(last.State, "unknown"))
 			}
 			return ctx.Err()
 		case <-time.After(250 * time.Millisecond):
 		}
+		unpark()
 	}
 }
 

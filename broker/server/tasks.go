@@ -19,10 +19,16 @@ type workGroup struct {
 	// n counts the running goroutines; idle is closed when n drops to 0.
 	n    int
 	idle chan struct{}
+	// parked counts those of them waiting on something outside the broker
+	// (a timer, a provider's retry backoff, an agent to register);
+	// settled are closed when every running goroutine is parked.
+	parked  int
+	settled []chan struct{}
 }
 
 // goWork runs fn in a goroutine owned by the running term. fn gets the
-// term's context and must return soon after it ends.
+// term's context and must return soon after it ends. Every goroutine the
+// broker starts for a term's work goes through here (TestNoStrayGoroutines).
 func (s *Server) goWork(fn func(ctx context.Context)) {
 	w := &s.work
 	w.mu.Lock()
@@ -46,6 +52,47 @@ func (w *workGroup) done() {
 		close(w.idle)
 		w.idle = nil
 	}
+	w.notifySettledLocked()
+}
+
+func (w *workGroup) notifySettledLocked() {
+	if w.parked < w.n {
+		return
+	}
+	for _, ch := range w.settled {
+		close(ch)
+	}
+	w.settled = nil
+}
+
+// park marks the calling work goroutine as waiting on something outside
+// the broker until unpark is called: workersSettled counts it as done
+// meanwhile.
+func (s *Server) park() (unpark func()) {
+	w := &s.work
+	w.mu.Lock()
+	w.parked++
+	w.notifySettledLocked()
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		w.parked--
+		w.mu.Unlock()
+	}
+}
+
+// workersSettled returns a channel that is closed once every goroutine of
+// the group has returned or is parked (waiting on a timer, a machine or an
+// agent): a test that drives the clock and the agents by hand waits on it
+// after each step instead of sleeping for the workers to catch up.
+func (s *Server) workersSettled() <-chan struct{} {
+	w := &s.work
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := make(chan struct{})
+	w.settled = append(w.settled, ch)
+	w.notifySettledLocked()
+	return ch
 }
 
 // workersIdle returns a channel that is closed once no goroutine of the

@@ -34,3 +34,64 @@ func TestTermWaitsForItsWork(t *testing.T) {
 	}
 	<-s.workersIdle()
 }
+
+// TestBurstWorkersOwned: a burst machine's worker is work of the term:
+// the term's end waits for it, and workersIdle closes only once it
+// returned.
+func TestBurstWorkersOwned(t *testing.T) {
+	s := &Server{}
+	s.burst.working = map[string]bool{}
+	ctx, cancel := context.WithCancel(context.Background())
+	started, done := make(chan struct{}), make(chan struct{})
+	var ended atomic.Bool
+	go func() {
+		s.runTerm(ctx, []func(context.Context){func(ctx context.Context) {
+			s.mu.Lock()
+			s.startWorkerLocked(ctx, "m1", func(wctx context.Context, id string) {
+				close(started)
+				<-wctx.Done()
+				ended.Store(true)
+			})
+			s.mu.Unlock()
+			<-ctx.Done()
+		}})
+		close(done)
+	}()
+	<-started
+	cancel()
+	<-done
+	if !ended.Load() {
+		t.Fatal("the term ended before its burst worker")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.burst.working["m1"] {
+		t.Fatal("the worker's id is still marked working")
+	}
+}
+
+// TestWorkersSettled: workersSettled closes once every running goroutine
+// is parked on an outside wait, and waits for one that still works.
+func TestWorkersSettled(t *testing.T) {
+	s := &Server{}
+	parked, release, working := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	s.goWork(func(ctx context.Context) {
+		unpark := s.park()
+		close(parked)
+		<-release
+		unpark()
+	})
+	<-parked
+	<-s.workersSettled() // the only goroutine waits outside: settled
+	s.goWork(func(ctx context.Context) { <-working })
+	settled := s.workersSettled()
+	select {
+	case <-settled:
+		t.Fatal("settled while a goroutine still works")
+	default:
+	}
+	close(working)
+	<-settled
+	close(release)
+	<-s.workersIdle()
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/adapters"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
@@ -24,6 +25,11 @@ a summary of what it sets up (exit 0). Run it before a restart.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := config.Load(args[0])
+			if err == nil {
+				// Each adapter checks its own section (providers, the
+				// store URL, the agents' runtime and data).
+				_, err = adapters.Parse(cfg)
+			}
 			if err != nil {
 				if ve, ok := broker.AsValidation(err); ok && len(ve.Errors) > 0 {
 					fmt.Fprintf(g.stderr, "%s: %d problem(s):\n", args[0], len(ve.Errors))

@@ -148,21 +148,34 @@ func NewWithAPI(cfg Config, api API) (*Provider, error) {
 	return &Provider{cfg: cfg, api: api}, nil
 }
 
-func (c *Config) defaults() error {
-	switch {
-	case c.Cluster == "":
-		return errors.New("aws config: cluster: required")
-	case c.Region == "":
-		return errors.New("aws config: region: required")
-	case c.ImageID == "":
-		return errors.New("aws config: imageId: required")
-	case len(c.InstanceTypes) == 0:
-		return errors.New("aws config: instanceTypes: at least one is required")
+// Validate checks the section as the broker config gives it (cluster
+// filled in from the config's cluster); each problem is a
+// *providers.ConfigError naming its field.
+func (c *Config) Validate() error {
+	var errs providers.ConfigErrors
+	if c.Cluster == "" {
+		errs.Add("cluster", "is required")
+	}
+	if c.Region == "" {
+		errs.Add("region", "is required, e.g. us-east-1")
+	}
+	if c.ImageID == "" {
+		errs.Add("imageId", "is required (a GPU AMI with cloud-init)")
+	}
+	if len(c.InstanceTypes) == 0 {
+		errs.Add("instanceTypes", "needs at least one instance type")
 	}
 	for i, it := range c.InstanceTypes {
 		if it.Name == "" || it.GPUs < 0 || (it.OnDemandPrice <= 0 && it.SpotPrice <= 0) {
-			return fmt.Errorf("aws config: instanceTypes[%d]: want a name, gpus >= 0 and an onDemandPrice or spotPrice above 0", i)
+			errs.Add(fmt.Sprintf("instanceTypes[%d]", i), "want a name, gpus >= 0 and an onDemandPrice or spotPrice above 0")
 		}
+	}
+	return errs.Err()
+}
+
+func (c *Config) defaults() error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("aws config: %w", err)
 	}
 	c.Name = cmp.Or(c.Name, "aws-"+c.Region)
 	c.SSHUser = cmp.Or(c.SSHUser, "ubuntu")

@@ -175,21 +175,34 @@ func NewWithAPI(cfg Config, ins InstancesAPI, ops OperationsAPI) (*Provider, err
 	return &Provider{cfg: cfg, ins: ins, ops: ops}, nil
 }
 
-func (c *Config) defaults() error {
-	switch {
-	case c.Cluster == "":
-		return errors.New("gcp config: cluster: required")
-	case c.Project == "":
-		return errors.New("gcp config: project: required")
-	case c.Image == "":
-		return errors.New("gcp config: image: required")
-	case len(c.MachineTypes) == 0:
-		return errors.New("gcp config: machineTypes: at least one is required")
+// Validate checks the section as the broker config gives it (cluster
+// filled in from the config's cluster); each problem is a
+// *providers.ConfigError naming its field.
+func (c *Config) Validate() error {
+	var errs providers.ConfigErrors
+	if c.Cluster == "" {
+		errs.Add("cluster", "is required")
+	}
+	if c.Project == "" {
+		errs.Add("project", "is required")
+	}
+	if c.Image == "" {
+		errs.Add("image", "is required, e.g. projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts")
+	}
+	if len(c.MachineTypes) == 0 {
+		errs.Add("machineTypes", "needs at least one machine type")
 	}
 	for i, mt := range c.MachineTypes {
 		if mt.Name == "" || len(mt.Zones) == 0 || (mt.OnDemandPrice <= 0 && mt.SpotPrice <= 0) {
-			return fmt.Errorf("gcp config: machineTypes[%d]: want a name, zones and an onDemandPrice or spotPrice above 0", i)
+			errs.Add(fmt.Sprintf("machineTypes[%d]", i), "want a name, zones and an onDemandPrice or spotPrice above 0")
 		}
+	}
+	return errs.Err()
+}
+
+func (c *Config) defaults() error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("gcp config: %w", err)
 	}
 	c.Name = cmp.Or(c.Name, "gcp-"+c.Project)
 	c.DiskSizeGB = cmp.Or(c.DiskSizeGB, 200)

@@ -99,10 +99,24 @@ type Provider struct {
 	hc     *http.Client
 }
 
+// Validate checks the section as the broker config gives it (cluster
+// filled in from the config's cluster); each problem is a
+// *providers.ConfigError naming its field.
+func (c *Config) Validate() error {
+	var errs providers.ConfigErrors
+	if c.Cluster == "" {
+		errs.Add("cluster", "is required")
+	}
+	if c.SSHPort < 0 || c.SSHPort > 65535 {
+		errs.Add("sshPort", "must be between 1 and 65535")
+	}
+	return errs.Err()
+}
+
 // New checks the config, reads the API key and the host key secret.
 func New(cfg Config) (*Provider, error) {
-	if cfg.Cluster == "" {
-		return nil, errors.New("lambda config: cluster: required")
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("lambda config: %w", err)
 	}
 	cfg.Name = cmp.Or(cfg.Name, "lambda")
 	cfg.Endpoint = cmp.Or(cfg.Endpoint, "https://cloud.lambda.ai")

@@ -94,43 +94,64 @@ var hostNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // New checks the config. now is the clock for lease ends and claim times;
 // time.Now when nil.
 func New(cfg Config, now func() time.Time) (*Provider, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("sshpool config: %w", err)
+	}
 	cfg.Name = cmp.Or(cfg.Name, "sshpool")
 	cfg.Region = cmp.Or(cfg.Region, "lease")
 	cfg.Currency = cmp.Or(cfg.Currency, "USD")
 	cfg.DrainMargin = cmp.Or(cfg.DrainMargin, "24h")
-	margin, err := time.ParseDuration(cfg.DrainMargin)
-	if err != nil || margin < 0 {
-		return nil, fmt.Errorf("sshpool config: drainMargin %q: want a duration like 24h", cfg.DrainMargin)
-	}
+	margin, _ := time.ParseDuration(cfg.DrainMargin)
 	if now == nil {
 		now = time.Now
 	}
 	p := &Provider{cfg: cfg, margin: margin, hosts: map[string]poolHost{}, now: now, claims: map[string]providers.Instance{}}
-	for i, h := range cfg.Hosts {
-		field := fmt.Sprintf("sshpool config: hosts[%d]", i)
-		if !hostNamePattern.MatchString(h.Name) {
-			return nil, fmt.Errorf("%s.name %q: want 1-63 letters, digits, '.', '_' or '-'", field, h.Name)
-		}
-		if _, ok := p.hosts[h.Name]; ok {
-			return nil, fmt.Errorf("%s.name %q: used twice", field, h.Name)
-		}
-		if _, _, err := net.SplitHostPort(h.Address); err != nil {
-			h.Address = net.JoinHostPort(h.Address, "22")
-			if _, _, err := net.SplitHostPort(h.Address); err != nil {
-				return nil, fmt.Errorf("%s.address: %w", field, err)
-			}
-		}
+	for _, h := range cfg.Hosts {
+		h.Address = hostAddress(h.Address)
 		h.User = cmp.Or(h.User, "root")
-		if h.GPUs <= 0 || h.PricePerGPUHour < 0 || h.LeaseEnds.IsZero() {
-			return nil, fmt.Errorf("%s: want gpus > 0, pricePerGPUHour >= 0 and a leaseEnds date", field)
-		}
-		keys, err := providers.ParseAuthorizedKeys(h.HostKey)
-		if err != nil || len(keys) == 0 {
-			return nil, fmt.Errorf("%s.hostKey: want at least one key in authorized_keys form", field)
-		}
+		keys, _ := providers.ParseAuthorizedKeys(h.HostKey)
 		p.hosts[h.Name] = poolHost{Host: h, keys: keys}
 	}
 	return p, nil
+}
+
+// hostAddress is "host:port", port 22 when the address names none.
+func hostAddress(a string) string {
+	if _, _, err := net.SplitHostPort(a); err != nil {
+		return net.JoinHostPort(a, "22")
+	}
+	return a
+}
+
+// Validate checks the section as the broker config gives it; each
+// problem is a *providers.ConfigError naming its field.
+func (c *Config) Validate() error {
+	var errs providers.ConfigErrors
+	if c.DrainMargin != "" {
+		if margin, err := time.ParseDuration(c.DrainMargin); err != nil || margin < 0 {
+			errs.Add("drainMargin", "want a duration like 24h, got %q", c.DrainMargin)
+		}
+	}
+	seen := map[string]bool{}
+	for i, h := range c.Hosts {
+		field := fmt.Sprintf("hosts[%d]", i)
+		if !hostNamePattern.MatchString(h.Name) {
+			errs.Add(field+".name", "want 1-63 letters, digits, '.', '_' or '-', got %q", h.Name)
+		} else if seen[h.Name] {
+			errs.Add(field+".name", "%q is used twice", h.Name)
+		}
+		seen[h.Name] = true
+		if _, _, err := net.SplitHostPort(hostAddress(h.Address)); err != nil || h.Address == "" {
+			errs.Add(field+".address", "want host or host:port, got %q", h.Address)
+		}
+		if h.GPUs <= 0 || h.PricePerGPUHour < 0 || h.LeaseEnds.IsZero() {
+			errs.Add(field, "want gpus > 0, pricePerGPUHour >= 0 and a leaseEnds date")
+		}
+		if keys, err := providers.ParseAuthorizedKeys(h.HostKey); err != nil || len(keys) == 0 {
+			errs.Add(field+".hostKey", "want at least one key in authorized_keys form")
+		}
+	}
+	return errs.Err()
 }
 
 // Name returns the configured name.
