@@ -97,8 +97,8 @@ burst:
   idleTTL: 4s
   reconcileEvery: 2s
   agentGPUs: sim
-  remoteDir: %s/opt
-  agentDataDir: %s/data
+  remoteDir: %s/opt/{machine}
+  agentDataDir: %s/data/{machine}
   agentData: %s
 providers:
   - aws:
