@@ -162,6 +162,13 @@ while :; do sleep 0.1; done`, bin)
 	if len(moves) != 1 || moves[0].Reason != burst.StopSpillBack || !strings.Contains(moves[0].Detail, "expected saving") {
 		t.Fatalf("preemptions %+v, want one spill_back with its expected saving", moves)
 	}
+	// The saving is the hour left at 9.00 less the same GPU-time at the
+	// owned 0.50: a little under 8.50 (the job ran some seconds).
+	var saving float64
+	if _, err := fmt.Sscanf(moves[0].Detail[strings.Index(moves[0].Detail, "expected saving"):], "expected saving %f USD", &saving); err != nil ||
+		saving < 8.3 || saving > 8.5 {
+		t.Fatalf("spill-back %q: want an expected saving of about 8.50 USD (9.00 less the owned 0.50 for the hour left)", moves[0].Detail)
+	}
 	if got.Data == nil || got.Data.Restored == "" {
 		t.Fatalf("the home attempt restored no checkpoint: %+v", got.Data)
 	}

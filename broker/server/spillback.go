@@ -7,6 +7,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/burstctl"
+	"github.com/spillway-dev/spillway/onprem/gpu"
 )
 
 // spillInputLocked adds what spill-back weighs to a burst input: the jobs
@@ -62,7 +63,8 @@ func (s *Server) spillInputLocked(in *burst.Input, now time.Time) {
 		if d := n.Inventory.Devices; len(d) > 0 {
 			h.GPUModel, h.GPUMemory = d[0].Model, d[0].MemoryBytes
 		}
-		if rate, ok := rates.For(h.GPUModel).At(now); ok && rate > in.HomeRate {
+		// Rates are keyed by the short model ("H100"), as the ledger meters.
+		if rate, ok := rates.For(gpu.ShortModel(h.GPUModel)).At(now); ok && rate > in.HomeRate {
 			in.HomeRate = rate
 		}
 		in.Home = append(in.Home, h)
