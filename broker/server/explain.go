@@ -532,10 +532,10 @@ func explainSteps(x *api.Explanation) []string {
 	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	add("1. State: %s %s (attempt %d, retries %d/%d)", j.State, ago0(x.At, x.State.Since), j.Attempt, j.Retries, j.Spec.MaxRetries)
 	for _, m := range x.Moves {
-		add("   Moved home %s: %s", ago0(x.At, m.At), m.Detail)
+		add("   Moved home %s ago: %s", broker.FormatDuration(x.At.Sub(m.At).Truncate(time.Second)), m.Detail)
 	}
 	for _, r := range x.Reclaims {
-		add("   Reclaimed by its provider %s: %s", ago0(x.At, r.At), r.Detail)
+		add("   Reclaimed by its provider %s ago: %s", broker.FormatDuration(x.At.Sub(r.At).Truncate(time.Second)), r.Detail)
 	}
 	if q := x.Queue; q != nil {
 		line := fmt.Sprintf("2. Queue %s: %d waiting", q.Queue, q.Waiting)
