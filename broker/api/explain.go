@@ -20,11 +20,14 @@ type Explanation struct {
 	Exit    *ExplainExit   `json:"exit,omitempty"`
 	// Moves are the job's spill-backs: its moves from a burst machine
 	// home, each with the expected saving that decided it.
-	Moves   []broker.Transition `json:"moves,omitempty"`
-	Verdict ExplainVerdict      `json:"verdict"`
-	At      time.Time           `json:"at"`
-	Steps   []string            `json:"steps"`
-	Team    ExplainTeamLoad     `json:"team"`
+	Moves []broker.Transition `json:"moves,omitempty"`
+	// Reclaims are the attempts its provider took back (spot
+	// interruptions), each with the work lost since the last checkpoint.
+	Reclaims []broker.Transition `json:"reclaims,omitempty"`
+	Verdict  ExplainVerdict      `json:"verdict"`
+	At       time.Time           `json:"at"`
+	Steps    []string            `json:"steps"`
+	Team     ExplainTeamLoad     `json:"team"`
 }
 
 // ExplainState is step 1: where the job is and how it got there.

@@ -7,6 +7,7 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/onprem/gpu"
 )
 
 // SpillInput adds what spill-back weighs to a decision's input (built by
@@ -43,7 +44,8 @@ func (c *Controller) SpillInput(in *burst.Input, rates billing.RateTable, home f
 		if h.Free <= 0 {
 			continue
 		}
-		if rate, ok := rates.For(h.GPUModel).At(in.Now); ok && rate > in.HomeRate {
+		// Rates are keyed by the short model ("H100"), as the ledger meters.
+		if rate, ok := rates.For(gpu.ShortModel(h.GPUModel)).At(in.Now); ok && rate > in.HomeRate {
 			in.HomeRate = rate
 		}
 		in.Home = append(in.Home, h)

@@ -16,6 +16,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
 // Verdict codes of an explanation.
@@ -89,8 +90,11 @@ func (s *Server) explain(ctx context.Context, j *broker.Job, viewer api.Principa
 	x.Exit = exit
 	x.Verdict = s.verdict(x)
 	for _, t := range x.Job.History {
-		if t.To == broker.StatePreempted && t.Reason == burst.StopSpillBack {
+		switch {
+		case t.To == broker.StatePreempted && t.Reason == burst.StopSpillBack:
 			x.Moves = append(x.Moves, t)
+		case t.To == broker.StatePreempted && t.Reason == agentapi.ReasonSpotReclaim:
+			x.Reclaims = append(x.Reclaims, t)
 		}
 	}
 	x.Steps = explainSteps(x)
@@ -528,7 +532,10 @@ func explainSteps(x *api.Explanation) []string {
 	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	add("1. State: %s %s (attempt %d, retries %d/%d)", j.State, ago0(x.At, x.State.Since), j.Attempt, j.Retries, j.Spec.MaxRetries)
 	for _, m := range x.Moves {
-		add("   Moved home %s: %s", ago0(x.At, m.At), m.Detail)
+		add("   Moved home %s ago: %s", broker.FormatDuration(x.At.Sub(m.At).Truncate(time.Second)), m.Detail)
+	}
+	for _, r := range x.Reclaims {
+		add("   Reclaimed by its provider %s ago: %s", broker.FormatDuration(x.At.Sub(r.At).Truncate(time.Second)), r.Detail)
 	}
 	if q := x.Queue; q != nil {
 		line := fmt.Sprintf("2. Queue %s: %d waiting", q.Queue, q.Waiting)

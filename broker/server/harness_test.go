@@ -180,6 +180,8 @@ type fakeAgent struct {
 	stale func() bool
 	// notices are the provider notices it reports (a burst machine).
 	notices []agentapi.Notice
+	// started lists every attempt the broker asked it to start.
+	started []agentapi.JobRef
 }
 
 func simInventory(name string, n int) gpu.Inventory {
@@ -244,6 +246,7 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 	}
 	for _, s := range resp.Start {
 		a.jobs[s.JobRef] = &agentapi.JobReport{JobRef: s.JobRef, State: agentapi.RunRunning, StartedAt: a.h.clock.Now()}
+		a.started = append(a.started, s.JobRef)
 	}
 	a.last = resp
 	return resp

@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"github.com/spillway-dev/spillway/broker/api"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +63,15 @@ func TestSpotReclaimRequeuesAndReplaces(t *testing.T) {
 	}
 	if reclaimed == nil || !strings.Contains(reclaimed.Detail, "lost work: 10m") {
 		t.Fatalf("no reclaim with its lost work in the history: %+v", jj.History)
+	}
+	var x api.Explanation
+	if code := r.do("GET", "/v1/jobs/"+j.ID+"/explain", tokAlice, nil, &x); code != http.StatusOK {
+		t.Fatalf("explain: %d", code)
+	}
+	if len(x.Reclaims) != 1 || !slices.ContainsFunc(x.Steps, func(s string) bool {
+		return strings.Contains(s, "Reclaimed by its provider") && strings.Contains(s, "lost work: 10m")
+	}) {
+		t.Fatalf("explain does not show the reclaim and its lost work: reclaims %+v, steps %q", x.Reclaims, x.Steps)
 	}
 
 	r.until("running again elsewhere", 300, func() bool {
@@ -126,6 +137,22 @@ func TestSpotNoticeDuringBootstrap(t *testing.T) {
 	}
 	if o := r.rec(jj.Placements[0].Node).Offer; o.Spot {
 		t.Fatalf("replacement %s is the spot offer that is cooling down", o.Key())
+	}
+	// Nothing was started twice: one start in all, of the current
+	// attempt, on the replacement; none on the reclaimed machine.
+	var starts []string
+	for _, a := range append([]*fakeAgent{r.onprem, r.machine(reclaimed[0].ID)}, r.machine(jj.Placements[0].Node)) {
+		if a == nil {
+			continue
+		}
+		for _, ref := range a.started {
+			if ref.Job == j.ID {
+				starts = append(starts, fmt.Sprintf("%s attempt %d", a.name, ref.Attempt))
+			}
+		}
+	}
+	if want := fmt.Sprintf("%s attempt %d", jj.Placements[0].Node, jj.Attempt); len(starts) != 1 || starts[0] != want {
+		t.Fatalf("starts %v, want only %s", starts, want)
 	}
 	r.until("reclaimed machine ended", 300, func() bool { return r.rec(reclaimed[0].ID).State.Ended() })
 }

@@ -138,4 +138,5 @@ func mergeAgentConfig(c *agent.Config, file agent.Config, cmd *cobra.Command) {
 	}
 	c.Data = file.Data
 	c.Runtime = file.Runtime
+	c.Notice = file.Notice
 }

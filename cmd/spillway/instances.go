@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/api"
 
 	"github.com/spf13/cobra"
@@ -14,6 +15,24 @@ import (
 	"github.com/spillway-dev/spillway/broker/client"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
 )
+
+// instanceNote says why a machine is where it is: the error that failed
+// it, else why it is going away — the transition that began its drain or
+// its end (spill_back: moving home: expected saving …, spot_reclaim, idle).
+func instanceNote(v api.InstanceView) string {
+	if v.Reason != "" {
+		return v.Reason
+	}
+	for _, t := range v.History {
+		if st := broker.MachineState(t.To); (st == broker.MachineDraining || st == broker.MachineTerminating) && t.Reason != "" {
+			if t.Detail == "" {
+				return t.Reason
+			}
+			return t.Reason + ": " + t.Detail
+		}
+	}
+	return ""
+}
 
 func instancesCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
@@ -32,7 +51,7 @@ func instancesCmd(g *globals) *cobra.Command {
 						}
 						jobs := append(append([]string{}, v.RunningJobs...), v.WaitingJobs...)
 						fmt.Fprintf(w, "%s\t%s\t%s%s\t%d\t%s\t%s\t%s %s\t%s\t%s\n", v.ID, v.Provider, v.Offer.InstanceType, market, v.Offer.GPUs,
-							v.State, v.Age, burst.Money(v.CostSoFar), v.Currency, dash(strings.Join(jobs, ",")), v.Reason)
+							v.State, v.Age, burst.Money(v.CostSoFar), v.Currency, dash(strings.Join(jobs, ",")), instanceNote(v))
 					}
 					return w.Flush()
 				})
