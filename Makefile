@@ -84,7 +84,7 @@ bench-e2e: build ## replay deploy/bench workloads through the API against simula
 # compiler: apt-get install gcc-aarch64-linux-gnu (make test-deps does).
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/spillway-tools
 GORELEASER_VERSION := v2.15.1
-GORELEASER ?= $(firstword $(shell command -v goreleaser 2>/dev/null) $(wildcard $(TOOLS)/goreleaser-$(GORELEASER_VERSION)/goreleaser $(TOOLS)/bin/goreleaser))
+GORELEASER ?= $(firstword $(SPILLWAY_GORELEASER) $(shell command -v goreleaser 2>/dev/null) $(wildcard $(TOOLS)/goreleaser-$(GORELEASER_VERSION)/goreleaser))
 DIST_VERSION ?= 0.0.0~snapshot.$(shell git rev-parse --short HEAD 2>/dev/null || echo local)
 DIST_ARCHES ?= amd64 arm64
 NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
