@@ -93,9 +93,12 @@ CC_amd64 ?= $(if $(filter x86_64,$(shell uname -m)),gcc,x86_64-linux-gnu-gcc)
 
 .PHONY: dist
 dist: ## release archives and .deb packages for linux/amd64 and arm64 in dist/ (goreleaser --snapshot, else nfpm)
-	@if [ -n "$(GORELEASER)" ]; then \
+	@if [ -n "$(GORELEASER)" ] && [ "$(sort $(DIST_ARCHES))" = "amd64 arm64" ]; then \
 		echo "goreleaser release --snapshot --clean ($(GORELEASER))"; \
-		$(if $(filter 1,$(words $(DIST_ARCHES))),GOOS=linux GOARCH=$(DIST_ARCHES)) $(GORELEASER) release --snapshot --clean $(if $(filter 1,$(words $(DIST_ARCHES))),--single-target); \
+		$(GORELEASER) release --snapshot --clean; \
+	elif [ -n "$(GORELEASER)" ]; then \
+		echo "DIST_ARCHES=$(DIST_ARCHES): goreleaser release builds every architecture; building with nfpm"; \
+		$(MAKE) --no-print-directory dist-nfpm; \
 	else \
 		echo "goreleaser not found (make goreleaser builds $(GORELEASER_VERSION) into $(TOOLS)); building with nfpm"; \
 		$(MAKE) --no-print-directory dist-nfpm; \
