@@ -77,8 +77,14 @@ bench-e2e: build ## replay deploy/bench workloads through the API against simula
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
 	set -o pipefail; for pl in false true; do \
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/mixed.txt
-# Releases (docs/operations.md, "Install from a package"). goreleaser when
-# installed; else the same archives and .deb with nfpm from the module proxy.
+# Releases (docs/operations.md, "Install from a package"). goreleaser
+# (.goreleaser.yaml) when it is on PATH or in the tool cache (`make
+# goreleaser` builds it there once, 10-20 minutes); else the same archives
+# and .deb with nfpm from the module proxy. arm64 needs cgo's cross
+# compiler: apt-get install gcc-aarch64-linux-gnu (make test-deps does).
+TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/spillway-tools
+GORELEASER_VERSION := v2.15.1
+GORELEASER ?= $(firstword $(SPILLWAY_GORELEASER) $(shell command -v goreleaser 2>/dev/null) $(wildcard $(TOOLS)/goreleaser-$(GORELEASER_VERSION)/goreleaser))
 DIST_VERSION ?= 0.0.0~snapshot.$(shell git rev-parse --short HEAD 2>/dev/null || echo local)
 DIST_ARCHES ?= amd64 arm64
 NFPM ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
@@ -87,7 +93,22 @@ CC_amd64 ?= $(if $(filter x86_64,$(shell uname -m)),gcc,x86_64-linux-gnu-gcc)
 
 .PHONY: dist
 dist: ## release archives and .deb packages for linux/amd64 and arm64 in dist/ (goreleaser --snapshot, else nfpm)
-	@if command -v goreleaser >/dev/null 2>&1; then goreleaser release --snapshot --clean; else $(MAKE) --no-print-directory dist-nfpm; fi
+	@if [ -n "$(GORELEASER)" ] && [ "$(sort $(DIST_ARCHES))" = "amd64 arm64" ]; then \
+		echo "goreleaser release --snapshot --clean ($(GORELEASER))"; \
+		$(GORELEASER) release --snapshot --clean; \
+	elif [ -n "$(GORELEASER)" ]; then \
+		echo "DIST_ARCHES=$(DIST_ARCHES): goreleaser release builds every architecture; building with nfpm"; \
+		$(MAKE) --no-print-directory dist-nfpm; \
+	else \
+		echo "goreleaser not found (make goreleaser builds $(GORELEASER_VERSION) into $(TOOLS)); building with nfpm"; \
+		$(MAKE) --no-print-directory dist-nfpm; \
+	fi
+
+.PHONY: goreleaser
+goreleaser: ## build the pinned goreleaser (GORELEASER_VERSION) into the tool cache for make dist (once; 10-20 minutes)
+	@if [ -x $(TOOLS)/goreleaser-$(GORELEASER_VERSION)/goreleaser ]; then echo "$(TOOLS)/goreleaser-$(GORELEASER_VERSION)/goreleaser: present"; else \
+		mkdir -p $(TOOLS)/goreleaser-$(GORELEASER_VERSION) && \
+		cd $(TOOLS)/goreleaser-$(GORELEASER_VERSION) && GOBIN=$$PWD GOFLAGS=-mod=mod GOWORK=off $(GO) install github.com/goreleaser/goreleaser/v2@$(GORELEASER_VERSION); fi
 
 .PHONY: dist-nfpm
 dist-nfpm:
@@ -101,6 +122,25 @@ dist-nfpm:
 		VERSION=$(DIST_VERSION) ARCH=$$arch $(NFPM) pkg --packager deb --config deploy/package/nfpm.yaml --target dist/; \
 	done
 	ls -l dist
+
+# The broker's container image (Containerfile) from the release binary of
+# IMAGE_ARCH: the build context under dist/image as goreleaser lays out
+# docker builds. IMAGE_BASE replaces the distroless base (a local image
+# where no registry is reachable); PODMAN may carry podman's flags.
+IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
+IMAGE_TAG ?= localhost/spillway:$(subst ~,-,$(DIST_VERSION))
+IMAGE_BINARY ?= $(firstword $(wildcard dist/spillway_linux_$(IMAGE_ARCH)*/spillway))
+IMAGE_BASE ?=
+IMAGE_CONTEXT ?= dist/image
+PODMAN ?= podman
+
+.PHONY: image
+image: ## the broker's container image from dist/'s binary (make dist first): podman build -f Containerfile
+	@test -n "$(IMAGE_BINARY)" && test -x "$(IMAGE_BINARY)" || { echo "make image: no dist/spillway_linux_$(IMAGE_ARCH)*/spillway: run make dist first (or set IMAGE_BINARY)"; exit 1; }
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/linux/$(IMAGE_ARCH) $(IMAGE_CONTEXT)/data
+	cp "$(IMAGE_BINARY)" $(IMAGE_CONTEXT)/linux/$(IMAGE_ARCH)/spillway
+	cp LICENSE $(IMAGE_CONTEXT)/LICENSE
+	$(PODMAN) build --platform linux/$(IMAGE_ARCH) $(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) -t $(IMAGE_TAG) -f Containerfile $(IMAGE_CONTEXT)
 
 .PHONY: check
 check: ## gofmt, go vet, import boundaries (client/api without server, config without adapters, binary without testing), docs/architecture.md lists every package, no InsecureIgnoreHostKey outside tests

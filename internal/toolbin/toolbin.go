@@ -1,7 +1,8 @@
-// Package toolbin finds or builds the real services the tests start
-// (versitygw, amazon-ec2-metadata-mock): an explicit path from the
-// environment, else one on PATH, else a `go install` from the module proxy
-// into ~/.cache/spillway-tools/NAME-VERSION (where .ci/run builds them).
+// Package toolbin finds or builds the real services and tools the tests
+// use (versitygw, amazon-ec2-metadata-mock, goreleaser): an explicit path
+// from the environment, else one on PATH, else a `go install` from the
+// module proxy into ~/.cache/spillway-tools/NAME-VERSION (where .ci/run
+// and the Makefile build them).
 package toolbin
 
 import (
@@ -43,18 +44,29 @@ func (t *Tool) Binary() (string, error) {
 	return t.bin, t.err
 }
 
-func (t *Tool) find() (string, error) {
+// Installed returns the tool's binary when it is already there (the
+// environment's path, PATH, the cache), without building it: for tools
+// too big to build inside a test (goreleaser).
+func (t *Tool) Installed() (string, bool) {
 	if p := os.Getenv(t.Env); p != "" {
-		return p, nil
+		return p, true
 	}
 	if p, err := exec.LookPath(t.Name); err == nil {
-		return p, nil
+		return p, true
+	}
+	bin := filepath.Join(t.CacheDir(), t.Name)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, true
+	}
+	return "", false
+}
+
+func (t *Tool) find() (string, error) {
+	if bin, ok := t.Installed(); ok {
+		return bin, nil
 	}
 	dir := t.CacheDir()
 	bin := filepath.Join(dir, t.Name)
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
