@@ -35,12 +35,29 @@ type jobCache struct {
 	lastSlot, curSlot []int32
 	off               int
 
-	tqpIDs   map[tqpKey]int32
-	tqpKeys  []tqpKey
-	projIDs  map[projName]int32
-	projKeys []projName
-	consIDs  map[consName]int32
-	consKeys []consName
+	tqps  names[tqpKey]
+	projs names[projName]
+	conss names[consName]
+}
+
+// names interns keys as dense int32 ids, kept across cycles.
+type names[K comparable] struct {
+	ids  map[K]int32
+	keys []K
+}
+
+// id is k's id; a new key also gets a -1 ("not looked up this cycle")
+// in the cycle's lookup table m.
+func (n *names[K]) id(m *[]int32, k K) int32 {
+	if i, ok := n.ids[k]; ok {
+		return i
+	}
+	if n.ids == nil {
+		n.ids = map[K]int32{}
+	}
+	i := int32(len(n.keys))
+	n.ids[k], n.keys, *m = i, append(n.keys, k), append(*m, -1)
+	return i
 }
 
 // maxInterns bounds the interned names: past it (names churn, policy
@@ -77,9 +94,8 @@ type derived struct {
 // beginCycle readies the cache for one cycle's lookups.
 func (c *cycle) beginCycle(jobs int) {
 	jc := &c.jc
-	if jc.slot == nil || len(jc.tqpKeys)+len(jc.projKeys)+len(jc.consKeys) > maxInterns {
-		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), tqpIDs: map[tqpKey]int32{}, projIDs: map[projName]int32{},
-			consIDs: map[consName]int32{}, recs: jc.recs[:0], seen: jc.seen[:0], free: jc.free[:0]}
+	if jc.slot == nil || len(jc.tqps.keys)+len(jc.projs.keys)+len(jc.conss.keys) > maxInterns {
+		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), recs: jc.recs[:0], seen: jc.seen[:0], free: jc.free[:0]}
 		clear(jc.recs[:cap(jc.recs)])
 	}
 	if more := jobs - len(jc.recs) + len(jc.free); more > 0 {
@@ -91,9 +107,9 @@ func (c *cycle) beginCycle(jobs int) {
 	if jc.cycle == 0 {
 		jc.cycle = 1
 	}
-	c.tqpMap = fillInt32(c.tqpMap, len(jc.tqpKeys), -1)
-	c.projMap = fillInt32(c.projMap, len(jc.projKeys), -1)
-	c.consMap = fillInt32(c.consMap, len(jc.consKeys), -1)
+	c.tqpMap = fillInt32(c.tqpMap, len(jc.tqps.keys), -1)
+	c.projMap = fillInt32(c.projMap, len(jc.projs.keys), -1)
+	c.consMap = fillInt32(c.consMap, len(jc.conss.keys), -1)
 }
 
 func fillInt32(s []int32, n int, v int32) []int32 {
@@ -157,9 +173,9 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	res := j.Spec.Resources
 	*d = derived{
 		j: j, rev: rev, id: j.ID,
-		tqp:         c.internTqp(tqpKey{j.Spec.Team, j.Spec.Queue, j.Spec.Priority}),
+		tqp:         c.jc.tqps.id(&c.tqpMap, tqpKey{j.Spec.Team, j.Spec.Queue, j.Spec.Priority}),
 		proj:        -1,
-		cons:        c.internCons(consName{res.GPUModel, int64(res.GPUMemory)}),
+		cons:        c.jc.conss.id(&c.consMap, consName{res.GPUModel, int64(res.GPUMemory)}),
 		preemptible: j.Spec.Preemptible,
 		g:           res.GPUs,
 		n:           max(1, res.Nodes),
@@ -171,41 +187,11 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 		since:       pendingSince(j).UnixNano(),
 	}
 	if j.Spec.Project != "" {
-		d.proj = c.internProj(projName{j.Spec.Team, j.Spec.Project})
+		d.proj = c.jc.projs.id(&c.projMap, projName{j.Spec.Team, j.Spec.Project})
 	}
 	if j.NotBefore != nil {
 		d.notBefore = j.NotBefore.UnixNano()
 	}
-}
-
-func (c *cycle) internTqp(k tqpKey) int32 {
-	jc := &c.jc
-	if i, ok := jc.tqpIDs[k]; ok {
-		return i
-	}
-	i := int32(len(jc.tqpKeys))
-	jc.tqpIDs[k], jc.tqpKeys, c.tqpMap = i, append(jc.tqpKeys, k), append(c.tqpMap, -1)
-	return i
-}
-
-func (c *cycle) internProj(k projName) int32 {
-	jc := &c.jc
-	if i, ok := jc.projIDs[k]; ok {
-		return i
-	}
-	i := int32(len(jc.projKeys))
-	jc.projIDs[k], jc.projKeys, c.projMap = i, append(jc.projKeys, k), append(c.projMap, -1)
-	return i
-}
-
-func (c *cycle) internCons(k consName) int32 {
-	jc := &c.jc
-	if i, ok := jc.consIDs[k]; ok {
-		return i
-	}
-	i := int32(len(jc.consKeys))
-	jc.consIDs[k], jc.consKeys, c.consMap = i, append(jc.consKeys, k), append(c.consMap, -1)
-	return i
 }
 
 // addPending adds a pending job: its derived record, with what depends on
@@ -216,7 +202,7 @@ func (c *cycle) addPending(j *broker.Job, pos int) {
 	d := &jc.recs[slot]
 	tq := c.tqpMap[d.tqp]
 	if tq < 0 {
-		k := jc.tqpKeys[d.tqp]
+		k := jc.tqps.keys[d.tqp]
 		tq = c.tqpOf(k.team, k.queue, k.priority)
 		c.tqpMap[d.tqp] = tq
 	}
@@ -224,13 +210,13 @@ func (c *cycle) addPending(j *broker.Job, pos int) {
 	proj := int32(-1)
 	if d.proj >= 0 {
 		if proj = c.projMap[d.proj]; proj < 0 {
-			proj = c.projectOf(t, jc.projKeys[d.proj].project)
+			proj = c.projectOf(t, jc.projs.keys[d.proj].project)
 			c.projMap[d.proj] = proj
 		}
 	}
 	cons := c.consMap[d.cons]
 	if cons < 0 {
-		k := jc.consKeys[d.cons]
+		k := jc.conss.keys[d.cons]
 		// Work placed by the scheduler stays on owned nodes: a burst
 		// machine takes only the jobs the burst controller bound to it
 		// (placeBound).
