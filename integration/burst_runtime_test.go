@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,11 +27,7 @@ func TestBurstRunImageWithWorkdir(t *testing.T) {
 	conf := ocitest.ContainersConf(t)
 	img := ocitest.Busybox(t, conf)
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	remote := t.TempDir()
-	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
+	remote := burstHostDir(t)
 	c := newCluster(t, fmt.Sprintf(`burst:
   interval: 300ms
   minWait: 1s

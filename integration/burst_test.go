@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/client"
+	"github.com/spillway-dev/spillway/onprem/staging/s3server"
 	"github.com/spillway-dev/spillway/providers/fakecloud"
 	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
 )
@@ -27,9 +28,6 @@ import (
 func TestBurstToFakeEC2(t *testing.T) {
 	fakecloudtest.RequireSSHD(t)
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	c, _ := burstCluster(t, ec2)
 	c.agent("onprem-1", "sim:1xH100-80GB")
 	c.waitNodes(1)
@@ -50,15 +48,7 @@ func TestBurstToFakeEC2(t *testing.T) {
 // burst timings and simulated cards for burst agents.
 func burstCluster(t *testing.T, ec2 *fakecloud.EC2) (*cluster, string) {
 	t.Helper()
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	remote := t.TempDir()
-	t.Cleanup(func() {
-		// Fake machines stop their sshd only; the agent the bootstrap
-		// started in a session of its own would live on.
-		_ = exec.Command("pkill", "-f", remote).Run()
-	})
+	remote := burstHostDir(t)
 	c := newCluster(t, fmt.Sprintf(`billing:
   slice: 1s
   onprem:
@@ -213,4 +203,31 @@ func TestBurstHostKeySwapped(t *testing.T) {
 	if got.State != broker.StatePending && got.State != broker.StateProvisioning {
 		t.Fatalf("job %s after the failed burst", got.State)
 	}
+}
+
+// burstHostDir sets the fake EC2's AWS credentials and returns a directory
+// for the fake machines' files. At cleanup every process under it is
+// killed: fake machines stop their sshd only, and the agent the bootstrap
+// started in a session of its own would live on.
+func burstHostDir(t *testing.T) string {
+	t.Helper()
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	remote := t.TempDir()
+	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
+	return remote
+}
+
+// s3Credentials writes the versitygw keys as a shared credentials file in
+// dir, as agents on a machine without an instance role read them (burst
+// agents get it through the bootstrap), and returns its path.
+func s3Credentials(t *testing.T, dir string) string {
+	t.Helper()
+	creds := filepath.Join(dir, "s3-credentials")
+	if err := os.WriteFile(creds, []byte(fmt.Sprintf("[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n",
+		s3server.AccessKey, s3server.SecretKey)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return creds
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,19 +40,8 @@ func TestCheckpointFollowsThePreemptedJobToTheCloud(t *testing.T) {
 		t.Fatal(err)
 	}
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	remote := t.TempDir()
-	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
-
-	// Agents reach versitygw with a credentials file, as a machine without
-	// an instance role would; burst agents get it through the bootstrap.
-	creds := filepath.Join(remote, "s3-credentials")
-	if err := os.WriteFile(creds, []byte(fmt.Sprintf("[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n",
-		s3server.AccessKey, s3server.SecretKey)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	remote := burstHostDir(t)
+	creds := s3Credentials(t, remote)
 	data := fmt.Sprintf(`{s3: {endpoint: "%s", region: us-east-1, pathStyle: true, credentialsFile: "%s"}, cacheBytes: 104857600, retry: {backoff: 100000000, maxBackoff: 1000000000}}`,
 		s3srv.Endpoint, creds)
 	c := newCluster(t, fmt.Sprintf(`teams:

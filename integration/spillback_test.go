@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,19 +26,11 @@ import (
 // `spillway instances` the machine's reason.
 func TestSpillBackEndToEnd(t *testing.T) {
 	fakecloudtest.RequireSSHD(t)
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	remote := burstHostDir(t)
 	s3srv := s3server.Start(t)
 	s3srv.Bucket("spill")
-	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	remote := t.TempDir()
-	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
-	creds := filepath.Join(remote, "s3-credentials")
-	if err := os.WriteFile(creds, []byte(fmt.Sprintf("[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n",
-		s3server.AccessKey, s3server.SecretKey)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	creds := s3Credentials(t, remote)
 	data := fmt.Sprintf(`{s3: {endpoint: "%s", region: us-east-1, pathStyle: true, credentialsFile: "%s"}, retry: {attempts: 3, backoff: 100000000, maxBackoff: 500000000}}`,
 		s3srv.Endpoint, creds)
 	// The owned H100 costs 0.50 an hour, the burst machine 9.00: an hour

@@ -12,7 +12,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -54,16 +53,8 @@ func newSpotRig(t *testing.T, s3srv *s3server.Server, s3Endpoint string) *spotRi
 	t.Helper()
 	fakecloudtest.RequireSSHD(t)
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	remote := t.TempDir()
-	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
-	creds := filepath.Join(remote, "s3-credentials")
-	if err := os.WriteFile(creds, []byte(fmt.Sprintf("[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n",
-		s3server.AccessKey, s3server.SecretKey)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	remote := burstHostDir(t)
+	creds := s3Credentials(t, remote)
 	data := fmt.Sprintf(`{s3: {endpoint: "%s", region: us-east-1, pathStyle: true, credentialsFile: "%s"}, retry: {attempts: 3, backoff: 100000000, maxBackoff: 500000000}}`,
 		s3Endpoint, creds)
 	// Until the test starts the mock, the metadata endpoint takes each
