@@ -81,10 +81,26 @@ func (s *Store) Close() error { return s.db.Close() }
 type tx struct{ t *bbolt.Tx }
 
 func (t *tx) bucket(b broker.Bucket, create bool) (*bbolt.Bucket, error) {
-	if bk := t.t.Bucket([]byte(b)); bk != nil || !create {
-		return bk, nil
+	bk := t.t.Bucket([]byte(b))
+	if bk == nil && create {
+		var err error
+		if bk, err = t.t.CreateBucket([]byte(b)); err != nil {
+			return nil, err
+		}
 	}
-	return t.t.CreateBucket([]byte(b))
+	if bk != nil && appendMostly[b] {
+		bk.FillPercent = 0.9
+	}
+	return bk, nil
+}
+
+// appendMostly are the buckets whose new keys sort after the old ones
+// (ids and times): each submit adds to all four. bbolt splits a full
+// page in half by default, which leaves these half empty for good (a
+// new key never lands in the left half); filled to 90% they take fewer
+// pages, and each commit reads, copies and writes fewer.
+var appendMostly = map[broker.Bucket]bool{
+	broker.BucketJobs: true, broker.BucketActive: true, broker.BucketTeamJobs: true, broker.BucketAudit: true,
 }
 
 func (t *tx) Get(b broker.Bucket, key string) ([]byte, error) {
