@@ -97,8 +97,13 @@ func (s *Server) auditInTx(c echo.Context, status int) (put func(broker.Tx) erro
 	if call == nil {
 		return nil, func() {}
 	}
-	id, rec := s.auditRecord(c, status)
-	return func(tx broker.Tx) error { return broker.AppendAudit(tx, id, rec) }, func() { call.written = true }
+	e, err := broker.EncodeAudit(s.auditRecord(c, status))
+	if err != nil {
+		// Not encodable (it always is): the middleware writes it after
+		// the handler, and logs why it could not.
+		return nil, func() {}
+	}
+	return e.Append, func() { call.written = true }
 }
 
 // errorStatus is the status errorHandler will answer err with.

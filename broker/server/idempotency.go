@@ -48,7 +48,7 @@ func checkIdemKey(key string) error {
 
 // priorSubmit looks up key in tx: the job an earlier submit with the same
 // key and body created (nil when none), or a 409 when the body differs.
-func priorSubmit(tx broker.Tx, caller, key string, raw []byte) (*broker.Job, error) {
+func priorSubmit(tx broker.Tx, caller, key, hash string) (*broker.Job, error) {
 	v, err := tx.Get(BucketIdempotency, idemStoreKey(caller, key))
 	if errors.Is(err, broker.ErrNotFound) {
 		return nil, nil
@@ -60,19 +60,21 @@ func priorSubmit(tx broker.Tx, caller, key string, raw []byte) (*broker.Job, err
 	if err := json.Unmarshal(v, &rec); err != nil {
 		return nil, err
 	}
-	if rec.Body != bodyHash(raw) {
+	if rec.Body != hash {
 		return nil, newError(http.StatusConflict, "idempotency_key_reused",
 			"Idempotency-Key %s was used for another spec (job %s); use a new key for a new job", key, rec.Job)
 	}
 	return broker.GetJob(tx, rec.Job)
 }
 
-func putIdem(tx broker.Tx, caller, key string, raw []byte, job string) error {
-	v, err := json.Marshal(idemRecord{Job: job, Body: bodyHash(raw)})
-	if err != nil {
-		return err
-	}
-	return tx.Put(BucketIdempotency, idemStoreKey(caller, key), v)
+// encodeIdem is the record putIdem writes: the job a key made and its
+// body's hash (bodyHash), encoded before the transaction.
+func encodeIdem(job, hash string) ([]byte, error) {
+	return json.Marshal(idemRecord{Job: job, Body: hash})
+}
+
+func putIdem(tx broker.Tx, caller, key string, rec []byte) error {
+	return tx.Put(BucketIdempotency, idemStoreKey(caller, key), rec)
 }
 
 // seenIdemKey reports whether caller used key before (so a resend is not

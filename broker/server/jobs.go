@@ -111,6 +111,16 @@ func (s *Server) submit(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("encode job: %w", err)
 	}
+	// The idempotency record too: the store's one writer runs the
+	// transaction below, and does no hashing or encoding in it.
+	var idemHash string
+	var idemRec []byte
+	if idemKey != "" {
+		idemHash = bodyHash(raw)
+		if idemRec, err = encodeIdem(j.ID, idemHash); err != nil {
+			return fmt.Errorf("encode idempotency record: %w", err)
+		}
+	}
 	ctx := c.Request().Context()
 	region := trace.StartRegion(ctx, "broker.submit.store")
 	var prior *broker.Job
@@ -125,10 +135,10 @@ func (s *Server) submit(c echo.Context) error {
 		}
 		if idemKey != "" {
 			var err error
-			if prior, err = priorSubmit(tx, p.Name, idemKey, raw); err != nil || prior != nil {
+			if prior, err = priorSubmit(tx, p.Name, idemKey, idemHash); err != nil || prior != nil {
 				return err
 			}
-			if err := putIdem(tx, p.Name, idemKey, raw, j.ID); err != nil {
+			if err := putIdem(tx, p.Name, idemKey, idemRec); err != nil {
 				return err
 			}
 		}
