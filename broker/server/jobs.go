@@ -18,10 +18,28 @@ import (
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
+// configLimits is one config's spec limits.
+type configLimits struct {
+	cfg *config.Config
+	lim broker.SpecLimits
+}
+
+// configSpecLimits is cfg().SpecLimits(), built once per config in force
+// rather than once per submit. Its maps are shared: read them only.
+func (s *Server) configSpecLimits() broker.SpecLimits {
+	cfg := s.cfg()
+	if l := s.specLims.Load(); l != nil && l.cfg == cfg {
+		return l.lim
+	}
+	l := &configLimits{cfg: cfg, lim: cfg.SpecLimits()}
+	s.specLims.Store(l)
+	return l.lim
+}
+
 // specLimits is the config's limits plus what the live inventory allows:
 // no job may ask for more GPUs than the largest node has.
 func (s *Server) specLimitsLocked() broker.SpecLimits {
-	lim := s.cfg().SpecLimits()
+	lim := s.configSpecLimits()
 	largest, mem := 0, int64(0)
 	for _, n := range s.nodes {
 		largest = max(largest, len(n.Inventory.Devices))

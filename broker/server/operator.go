@@ -138,8 +138,8 @@ func (s *Server) jobControl(action string) echo.HandlerFunc {
 			if p.Role != config.RoleOperator {
 				return errForbidden("only operators change a job's priority")
 			}
-			if !slices.Contains(s.cfg().SpecLimits().Priorities, req.Priority) {
-				return errBadRequest("priority", broker.CodeInvalid, "must be one of %s, got %q", strings.Join(s.cfg().SpecLimits().Priorities, ", "), clip(req.Priority))
+			if prios := s.configSpecLimits().Priorities; !slices.Contains(prios, req.Priority) {
+				return errBadRequest("priority", broker.CodeInvalid, "must be one of %s, got %q", strings.Join(prios, ", "), clip(req.Priority))
 			}
 			from, to = j.Spec.Priority, req.Priority
 			j.Spec.Priority = req.Priority

@@ -73,6 +73,9 @@ type Server struct {
 	// sections are conf's adapter sections decoded (providers, the
 	// agents' runtime and data); swapped with conf.
 	sections atomic.Pointer[adapters.Config]
+	// specLims are conf's spec limits, built once per config (every
+	// submit reads them; see configSpecLimits).
+	specLims atomic.Pointer[configLimits]
 
 	// progress holds what starting attempts wait for, by job id
 	// ("pulling image 1.2/4.0 GB"); in memory only (runtime.go).
