@@ -134,11 +134,10 @@ func (c *cycle) endCycle() {
 }
 
 // derivedOf returns the slot of the derived record of j, the snapshot's
-// pos-th job, kept from an earlier cycle when the job is the one seen
-// then.
-func (c *cycle) derivedOf(j *broker.Job, pos int) int32 {
+// pos-th job at revision rev (len(j.History)), kept from an earlier cycle
+// when the job is the one seen then.
+func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 	jc := &c.jc
-	rev := len(j.History)
 	i, ok := int32(-1), false
 	if q := pos - jc.off; q >= 0 && q < len(jc.lastSlot) {
 		if k := jc.lastSlot[q]; k >= 0 && jc.recs[k].j == j {
@@ -194,11 +193,11 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	}
 }
 
-// addPending adds a pending job: its derived record, with what depends on
+// addPending adds a pending job at revision rev: its derived record, with what depends on
 // this cycle's policy and nodes looked up through the interned names.
-func (c *cycle) addPending(j *broker.Job, pos int) {
+func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 	jc := &c.jc
-	slot := c.derivedOf(j, pos)
+	slot := c.derivedOf(j, pos, rev)
 	d := &jc.recs[slot]
 	tq := c.tqpMap[d.tqp]
 	if tq < 0 {

@@ -421,12 +421,13 @@ func (c *cycle) loadJobs() {
 	c.scratch.names = names
 	hold := c.scratch.hold[:0]
 	c.beginCycle(len(s.Jobs))
+	look := c.lookAtJobs()
 	for k, j := range s.Jobs {
-		switch {
-		case j.State.Holding():
+		switch look[k].kind {
+		case lookHolding:
 			hold = append(hold, j)
-		case j.State == broker.StatePending:
-			c.addPending(j, k)
+		case lookPending:
+			c.addPending(j, k, int(look[k].rev))
 		}
 	}
 	c.endCycle()
@@ -440,6 +441,41 @@ func (c *cycle) loadJobs() {
 		c.unmetTotal += c.queues[i].unmet()
 	}
 	c.fairShare()
+}
+
+// jobLook is what the cycle reads of every job first: which of its
+// lists the job goes to, and its revision (the length of its history,
+// see jobCache).
+type jobLook struct {
+	kind uint8
+	rev  int32
+}
+
+const (
+	lookOther uint8 = iota
+	lookPending
+	lookHolding
+)
+
+// lookAtJobs reads each job's state and revision in a loop that does
+// nothing else. The job records lie at scattered addresses and each read
+// is a cache miss; in this loop the processor has several of them in
+// flight at once, where the loop that adds the jobs would wait for each
+// in turn (a fifth of a steady-state cycle went to these two reads).
+func (c *cycle) lookAtJobs() []jobLook {
+	look := c.scratch.look[:0]
+	for _, j := range c.s.Jobs {
+		l := jobLook{kind: lookOther, rev: int32(len(j.History))}
+		switch {
+		case j.State == broker.StatePending:
+			l.kind = lookPending
+		case j.State.Holding():
+			l.kind = lookHolding
+		}
+		look = append(look, l)
+	}
+	c.scratch.look = look
+	return look
 }
 
 func (c *cycle) addRunning(j *broker.Job) {

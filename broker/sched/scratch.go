@@ -5,6 +5,7 @@ import "github.com/spillway-dev/spillway/broker"
 // scratch holds buffers reused within and across cycles.
 type scratch struct {
 	hold     []*broker.Job
+	look     []jobLook
 	names    []string
 	cards    []int32
 	gang     []int32
