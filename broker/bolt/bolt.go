@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -38,7 +40,7 @@ func Open(path string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 2 * time.Second, InitialMmapSize: initialMmapSize})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("open store %s: another process has it open", path)
@@ -47,6 +49,22 @@ func Open(path string) (*Store, error) {
 	}
 	return &Store{db: db, group: &groupCommit{db: db, max: 2000}}, nil
 }
+
+// initialMmapSize is the address space the store maps at open (not
+// memory: pages are read in as they are used, and the file grows only as
+// data is written). bbolt otherwise maps the file in doubling steps, and
+// each step waits for every open read transaction to end, holds off new
+// ones, and copies the writer's materialized pages out of the old
+// mapping: a pause for every request in flight, once per doubling. With
+// 1 GiB the first such step comes when the store passes 1 GiB (etcd maps
+// 10 GiB). On Windows mapping grows the file to the mapped size, and a
+// 32-bit process has little address space: there bbolt keeps its default.
+var initialMmapSize = func() int {
+	if runtime.GOOS == "windows" || strconv.IntSize < 64 {
+		return 0
+	}
+	return 1 << 30
+}()
 
 // Path is the file the store lives in.
 func (s *Store) Path() string { return s.db.Path() }
