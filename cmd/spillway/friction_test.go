@@ -186,3 +186,97 @@ func TestTopWatch(t *testing.T) {
 		t.Fatalf("a 10ms watch was accepted: %s", errOut)
 	}
 }
+
+// TestIDPrefixEverywhere: a unique prefix of a job id works in every verb
+// that takes a job (status, logs, explain, job hold/release/priority,
+// cancel), as git takes a short hash; an ambiguous prefix is refused
+// naming the jobs it matches.
+func TestIDPrefixEverywhere(t *testing.T) {
+	_, url := cliBroker(t)
+	submit := func() string {
+		out, errOut, code := runCLI(t, url, cliUser, "run", "--", "true")
+		if code != 0 {
+			t.Fatalf("run: %d %s", code, errOut)
+		}
+		return strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	}
+	a, b := submit(), submit()
+	common := 0
+	for common < len(a) && a[common] == b[common] {
+		common++
+	}
+	p := strings.ToLower(a[:max(common+1, 4)])
+	for _, tc := range []struct {
+		token string
+		args  []string
+		want  string
+	}{
+		{cliUser, []string{"status", p}, a},
+		{cliUser, []string{"logs", p}, ""},
+		{cliUser, []string{"explain", p}, a},
+		{cliUser, []string{"job", "hold", p}, a + " held"},
+		{cliUser, []string{"job", "release", p}, a + " released"},
+		{cliAdmin, []string{"job", "priority", p, "high"}, "priority high"},
+		{cliUser, []string{"cancel", p}, a},
+	} {
+		out, errOut, code := runCLI(t, url, tc.token, tc.args...)
+		if code != 0 || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: exit %d\n%s%s", strings.Join(tc.args, " "), code, out, errOut)
+		}
+	}
+	if out, _, _ := runCLI(t, url, cliUser, "status", b); !strings.Contains(out, "pending") {
+		t.Errorf("the other job was touched:\n%s", out)
+	}
+	if common < 4 {
+		return // the two ids share less than the shortest prefix resolved
+	}
+	for _, verb := range [][]string{{"status"}, {"cancel"}, {"job", "hold"}} {
+		_, errOut, code := runCLI(t, url, cliUser, append(verb, a[:common])...)
+		if code == 0 || !strings.Contains(errOut, "ambiguous") || !strings.Contains(errOut, a) || !strings.Contains(errOut, b) {
+			t.Errorf("%s with the ambiguous prefix %s: exit %d\n%s", verb, a[:common], code, errOut)
+		}
+	}
+}
+
+// TestVersionShowsClientAndServer: --version (and `version`) print this
+// binary's version and the broker's; with no broker it says so instead of
+// failing.
+func TestVersionShowsClientAndServer(t *testing.T) {
+	_, url := cliBroker(t)
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		out, errOut, code := runCLI(t, url, cliUser, args...)
+		if code != 0 || !regexp.MustCompile(`(?m)^spillway \S+ \S+/\S+ go\S+\n`).MatchString(out) ||
+			!regexp.MustCompile(`(?m)^broker `+regexp.QuoteMeta(url)+`: spillway \S+$`).MatchString(out) {
+			t.Errorf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+	}
+	out, _, code := runCLI(t, "http://127.0.0.1:1", cliUser, "--version")
+	if code != 0 || !strings.Contains(out, "broker http://127.0.0.1:1: not reachable") {
+		t.Errorf("--version with no broker: exit %d\n%s", code, out)
+	}
+}
+
+// TestJobsListsActiveUnlessAll: `jobs` lists pending and running jobs
+// only; --all adds the finished ones.
+func TestJobsListsActiveUnlessAll(t *testing.T) {
+	_, url := cliBroker(t)
+	ids := map[string]string{}
+	for _, name := range []string{"done", "waiting"} {
+		out, errOut, code := runCLI(t, url, cliUser, "run", "--name", name, "--", "true")
+		if code != 0 {
+			t.Fatalf("run: %d %s", code, errOut)
+		}
+		ids[name] = strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	}
+	if _, errOut, code := runCLI(t, url, cliUser, "cancel", ids["done"]); code != 0 {
+		t.Fatalf("cancel: %s", errOut)
+	}
+	out, errOut, code := runCLI(t, url, cliUser, "jobs")
+	if code != 0 || !strings.Contains(out, ids["waiting"]) || strings.Contains(out, ids["done"]) {
+		t.Fatalf("jobs: exit %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = runCLI(t, url, cliUser, "jobs", "--all")
+	if code != 0 || !strings.Contains(out, ids["waiting"]) || !strings.Contains(out, ids["done"]) {
+		t.Fatalf("jobs --all: exit %d\n%s%s", code, out, errOut)
+	}
+}
