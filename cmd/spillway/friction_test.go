@@ -93,9 +93,9 @@ func TestBurstPlanSaysNoProvider(t *testing.T) {
 }
 
 // TestCompletion: shell completion offers job ids (with name and state),
-// queues and priorities from the broker.
+// queues, priorities and teams from the broker.
 func TestCompletion(t *testing.T) {
-	_, url := cliBroker(t)
+	_, url := cliBroker(t, "teams:\n  - {name: nlp}\n  - {name: vision}\n")
 	out, errOut, code := runCLI(t, url, cliUser, "run", "--name", "eval", "--", "true")
 	if code != 0 {
 		t.Fatalf("run: %d %s", code, errOut)
@@ -112,6 +112,12 @@ func TestCompletion(t *testing.T) {
 	out, _, _ = runCLI(t, url, cliUser, "__complete", "run", "--priority", "")
 	if !strings.Contains(out, "high\n") || !strings.Contains(out, "low\n") {
 		t.Errorf("priority completion:\n%s", out)
+	}
+	for _, args := range [][]string{{"jobs", "--team", ""}, {"bill", "usage", "--team", ""}, {"token", "create", "--team", ""}} {
+		out, _, _ = runCLI(t, url, cliAdmin, append([]string{"__complete"}, args...)...)
+		if !strings.Contains(out, "nlp\n") || !strings.Contains(out, "vision\n") {
+			t.Errorf("team completion of %v:\n%s", args, out)
+		}
 	}
 }
 
