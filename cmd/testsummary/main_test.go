@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 )
@@ -33,6 +34,16 @@ func TestSummaryListsSkips(t *testing.T) {
 	if code := run(strings.NewReader(in), &out, true); code != 1 || !strings.Contains(out.String(), "FAIL: CI=true and 1 test(s) skipped") ||
 		!strings.Contains(out.String(), "integration TestSSH: sshd not found") {
 		t.Fatalf("a skip under CI=true: exit %d\n%s", code, out.String())
+	}
+	// The README tells a new contributor the same.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"skips the end-to-end tests that need them", "sudo make test-deps", "any skipped test fails `make test`"} {
+		if !strings.Contains(strings.Join(strings.Fields(string(readme)), " "), want) {
+			t.Errorf("README.md lacks %q", want)
+		}
 	}
 	fail := `{"Action":"output","Package":"p","Test":"TestX","Output":"    x_test.go:3: boom\n"}
 {"Action":"fail","Package":"p","Test":"TestX"}
