@@ -286,3 +286,66 @@ func TestJobsListsActiveUnlessAll(t *testing.T) {
 		t.Fatalf("jobs --all: exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+// TestOperationsControlsTable: every CLI command in docs/operations.md's
+// "Operator controls" table is a command of this binary with the flags
+// the row uses (broker/server's TestOperationsControlsAPI checks the API
+// column against the routes).
+func TestOperationsControlsTable(t *testing.T) {
+	rows := operatorControlRows(t)
+	cli := regexp.MustCompile("`(spillway [^`]*)`")
+	checked := 0
+	for _, row := range rows {
+		for _, m := range cli.FindAllStringSubmatch(row[1], -1) {
+			words := strings.Fields(m[1])
+			var path []string
+			for _, w := range words[1:] {
+				if strings.HasPrefix(w, "-") || strings.ToUpper(w) == w || w == "..." {
+					break
+				}
+				path = append(path, w)
+			}
+			var out, errOut bytes.Buffer
+			execute(append(append([]string{}, path...), "--help"), &out, &errOut)
+			if !strings.Contains(out.String(), "\n  spillway "+strings.Join(path, " ")+" ") {
+				t.Errorf("%q: no command spillway %s:\n%s", m[1], strings.Join(path, " "), out.String())
+				continue
+			}
+			for _, w := range words {
+				if flag, ok := strings.CutPrefix(w, "--"); ok && !strings.Contains(out.String(), "--"+flag+" ") {
+					t.Errorf("%q: spillway %s has no flag --%s", m[1], strings.Join(path, " "), flag)
+				}
+			}
+			checked++
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("only %d CLI commands found in the table", checked)
+	}
+}
+
+// operatorControlRows reads the table under docs/operations.md's
+// "## Operator controls": each row's cells (what, CLI, API).
+func operatorControlRows(t *testing.T) [][]string {
+	t.Helper()
+	raw, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(raw), "\n## Operator controls\n")
+	if !ok {
+		t.Fatal("docs/operations.md has no \"## Operator controls\" section")
+	}
+	var rows [][]string
+	for _, line := range strings.Split(section, "\n") {
+		if strings.HasPrefix(line, "## ") || strings.HasPrefix(line, "### ") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if !strings.HasPrefix(line, "| ") || len(cells) != 3 || cells[0] == "what" || strings.HasPrefix(cells[0], "---") {
+			continue
+		}
+		rows = append(rows, cells)
+	}
+	return rows
+}
