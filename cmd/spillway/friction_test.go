@@ -166,17 +166,35 @@ func TestTokenListRevokeCLI(t *testing.T) {
 }
 
 // TestServerHelpHidesClientFlags: the daemon verbs' help lists their own
-// flags, not the client's --server/--token.
+// flags, not the client's --server/--token/--output/--ca/--peers (the
+// agent keeps its own --token and --ca).
 func TestServerHelpHidesClientFlags(t *testing.T) {
 	var out, errOut bytes.Buffer
-	execute([]string{"server", "--help"}, &out, &errOut)
-	if strings.Contains(out.String(), "--token") || !strings.Contains(out.String(), "--config") {
-		t.Fatalf("server --help:\n%s", out.String())
+	for _, tc := range []struct {
+		verb, own string
+		client    []string
+	}{
+		{"server", "--config", []string{"--server", "--token", "--output", "--ca", "--peers"}},
+		{"dev", "--listen", []string{"--server", "--token", "--output", "--ca", "--peers"}},
+		{"agent", "--broker", []string{"--server", "--output", "--peers", "env SPILLWAY_CA", "env SPILLWAY_TOKEN"}},
+	} {
+		out.Reset()
+		execute([]string{tc.verb, "--help"}, &out, &errOut)
+		if !strings.Contains(out.String(), tc.own) {
+			t.Errorf("%s --help lacks its own %s:\n%s", tc.verb, tc.own, out.String())
+		}
+		for _, f := range tc.client {
+			if strings.Contains(out.String(), f) {
+				t.Errorf("%s --help lists the client's %s:\n%s", tc.verb, f, out.String())
+			}
+		}
 	}
 	out.Reset()
 	execute([]string{"jobs", "--help"}, &out, &errOut)
-	if !strings.Contains(out.String(), "--token") {
-		t.Fatalf("jobs --help lost the client flags:\n%s", out.String())
+	for _, f := range []string{"--server", "--token", "--output", "--ca", "--peers"} {
+		if !strings.Contains(out.String(), f) {
+			t.Errorf("jobs --help lost the client's %s:\n%s", f, out.String())
+		}
 	}
 }
 
