@@ -302,6 +302,11 @@ func TestBurstIdleScaleDownAndBilling(t *testing.T) {
 		t.Fatal("no delete")
 	}
 	r.run(2 * time.Minute) // final slices
+	// The scale-down is logged as an ended machine at INFO, never as a
+	// WARN "node lost" (issue #21).
+	if logs := r.logs.String(); !strings.Contains(logs, `level=INFO msg="burst machine ended" record=`+id) || strings.Contains(logs, `msg="node lost"`) {
+		t.Errorf("the scale-down's log:\n%s", logs)
+	}
 	var usage, overhead int64
 	var cost billing.Amount
 	broker.Ledger{Store: r.store}.Scan(context.Background(), time.Time{}, time.Time{}, func(e billing.Entry) error {
