@@ -25,6 +25,19 @@ func TestSubmitShowsEverySpecError(t *testing.T) {
 			t.Errorf("stderr lacks %q:\n%s", want, errOut)
 		}
 	}
+	// `run` builds the spec from flags and shows every problem too.
+	_, errOut, code = runCLI(t, url, cliUser, "run", "--no-upload", "--gpus", "0", "--priority", "urgent", "--queue", "nope", "--", "true")
+	if code == 0 {
+		t.Fatal("run with a bad spec was accepted")
+	}
+	for _, want := range []string{"3 problems", "resources.gpus", "priority", "queue: unknown queue"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("run: stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if strings.Contains(errOut, "timeout") {
+		t.Errorf("run: a timeout the user left out is reported (the unknown queue has no default):\n%s", errOut)
+	}
 }
 
 // TestTokenCreateAndConfigCheck: the example config as shipped fails
