@@ -62,7 +62,8 @@ type burstRig struct {
 	bootNotices []agentapi.Notice
 }
 
-func newBurstRig(t *testing.T) *burstRig {
+// newBurstRig's cloud offers testOffers, or offers when given.
+func newBurstRig(t *testing.T, offers ...providers.Offer) *burstRig {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.Burst.MinWait = broker.Duration(2 * time.Minute)
@@ -71,7 +72,10 @@ func newBurstRig(t *testing.T) *burstRig {
 	cfg.Burst.ReconcileEvery = broker.Duration(time.Minute)
 	cfg.Burst.OrphanGrace = broker.Duration(2 * time.Minute)
 	r := &burstRig{machines: map[string]*fakeAgent{}}
-	r.cloud = fake.New("cloud", testOffers, nil)
+	if offers == nil {
+		offers = testOffers
+	}
+	r.cloud = fake.New("cloud", offers, nil)
 	r.cloud.Boot = func(ctx context.Context, inst providers.Instance, req providers.CreateRequest) (fake.Machine, error) {
 		return fake.Machine{SSHHost: "127.0.0.1:22", SSHUser: "test"}, nil
 	}
