@@ -88,3 +88,33 @@ func TestUnsatisfiableModelWithOffers(t *testing.T) {
 		t.Fatalf("MI300X: %d %+v", code, e)
 	}
 }
+
+// TestInstanceIDPrefix: a burst machine is named by a unique prefix of its
+// record id, with or without "spw-", in any case; a prefix two machines
+// share is a 409 naming both.
+func TestInstanceIDPrefix(t *testing.T) {
+	r := newBurstRig(t)
+	r.fill()
+	r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
+	r.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "2h", "command": ["train"]}`)
+	r.until("two machines", 600, func() bool { return len(r.records()) >= 2 })
+	recs := r.records()
+	a, b := recs[0].ID, recs[1].ID
+	common := 0
+	for common < len(a) && a[common] == b[common] {
+		common++
+	}
+	for _, p := range []string{a[:common+1], strings.TrimPrefix(a[:common+1], "spw-"), strings.ToUpper(strings.TrimPrefix(a[:common+1], "spw-"))} {
+		var got struct{ ID string }
+		if code := r.do("GET", "/v1/instances/"+p, tokAdmin, nil, &got); code != http.StatusOK || got.ID != a {
+			t.Errorf("GET /v1/instances/%s = %d %q, want %s", p, code, got.ID, a)
+		}
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if code := r.do("GET", "/v1/instances/"+a[:common], tokAdmin, nil, &e); code != http.StatusConflict ||
+		!strings.Contains(e.Error.Message, a) || !strings.Contains(e.Error.Message, b) {
+		t.Fatalf("ambiguous prefix %s: %d %+v", a[:common], code, e)
+	}
+}
