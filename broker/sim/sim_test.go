@@ -552,12 +552,13 @@ func TestReportOutputs(t *testing.T) {
 
 // TestPhillyPrefix replays the first jobs of the Philly trace when it is
 // at hand: SPILLWAY_PHILLY, or the shared traces folder next to the
-// checkout where the Makefile's PHILLY looks. Under CI=true a missing
-// trace fails the test.
+// checkout where the Makefile's PHILLY looks (or inside it). Under CI=true
+// a missing trace fails the test.
 func TestPhillyPrefix(t *testing.T) {
 	var f *os.File
 	var err error
-	for _, path := range []string{os.Getenv("SPILLWAY_PHILLY"), "../../../shared/traces/philly/philly.csv", "../../../../shared/traces/philly/philly.csv"} {
+	for _, path := range []string{os.Getenv("SPILLWAY_PHILLY"), "../../../shared/traces/philly/philly.csv", "../../../../shared/traces/philly/philly.csv",
+		"../../shared/traces/philly/philly.csv"} {
 		if path == "" {
 			continue
 		}
