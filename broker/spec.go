@@ -295,7 +295,9 @@ func (s *Spec) Validate(lim SpecLimits) error {
 	}
 
 	switch {
-	case s.Timeout <= 0:
+	case s.Timeout < 0 || (s.Timeout == 0 && queueOK):
+		// A timeout left out comes from the queue; with an unknown queue
+		// (reported above) there is none, and no second error for it.
 		ve.add("timeout", CodeOutOfRange, "must be greater than 0")
 	case queueOK && q.MaxTimeout > 0 && s.Timeout.D() > q.MaxTimeout:
 		ve.add("timeout", CodeOutOfRange, "must be at most %s (queue %s's maximum), got %s", FormatDuration(q.MaxTimeout), s.Queue, s.Timeout)

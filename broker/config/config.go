@@ -342,6 +342,32 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
+// LoadWritten reads a config file once and returns it twice: validated
+// with every default filled in, as Load does, and as written, decoded
+// onto Default() with none of the defaults derived from other fields
+// (advertiseURL and ha.peerURL from listen, ha.brokerID, queue timeouts
+// ...). A config reload compares two files' written values, so it reports
+// only the fields the operator changed: a new listen address is "listen",
+// not also "advertiseURL" and "ha", whose derived values moved with it.
+func LoadWritten(path string) (cfg, written *Config, err error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read config: %w", err)
+	}
+	if cfg, err = Parse(raw); err != nil {
+		return nil, nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if !filepath.IsAbs(cfg.DataDir) {
+		cfg.DataDir = filepath.Join(filepath.Dir(path), cfg.DataDir)
+	}
+	w := Default()
+	if err := broker.DecodeStrict(raw, &w); err != nil {
+		// Parse decoded the same bytes without error.
+		return nil, nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, &w, nil
+}
+
 // Parse reads a YAML config, applies defaults and validates it.
 func Parse(raw []byte) (*Config, error) {
 	c := Default()

@@ -56,6 +56,33 @@ func TestExamplesHoldNoUsableSecret(t *testing.T) {
 			}
 		}
 	}
+	// Nothing under deploy/ carries a token, or the hash of a guessable
+	// one (the old example shipped the hashes of foo and bar).
+	err := filepath.WalkDir("../../deploy", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(raw), "\n") {
+			l := strings.TrimSpace(line)
+			if (strings.HasPrefix(l, "tokenSHA256:") || strings.HasPrefix(l, "token:")) && !strings.Contains(l, Placeholder) {
+				t.Errorf("%s:%d ships a token: %s", path, i+1, l)
+			}
+		}
+		for _, weak := range []string{"foo", "bar", "secret", "changeme", "password", "admin", "token"} {
+			sum := sha256.Sum256([]byte(weak))
+			if strings.Contains(string(raw), hex.EncodeToString(sum[:])) {
+				t.Errorf("%s ships the hash of %q", path, weak)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	raw, _ := os.ReadFile("../../deploy/ha/redis.conf")
 	if !strings.Contains(string(raw), "requirepass "+Placeholder) {
 		t.Error("deploy/ha/redis.conf: requirepass is not the placeholder the broker's store URL uses")

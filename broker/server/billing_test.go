@@ -102,6 +102,12 @@ func TestUsageAndExportReconcile(t *testing.T) {
 	if len(rep.Rows) != 2 {
 		t.Fatalf("rows %+v", rep.Rows)
 	}
+	// The owned pool reads "onprem", not "onprem/onprem" (issue #21).
+	var byPool billing.Report
+	if code := h.do("GET", "/v1/billing/usage?by=pool,pool-kind&month=2026-11", tokMoney, nil, &byPool); code != http.StatusOK ||
+		len(byPool.Rows) != 1 || strings.Join(byPool.Rows[0].Key, " ") != "onprem onprem" {
+		t.Fatalf("usage by pool: %d %+v", code, byPool.Rows)
+	}
 	var mine billing.Report
 	h.do("GET", "/v1/billing/usage?by=team&month=2026-11", tokAlice, nil, &mine)
 	if len(mine.Rows) != 1 || mine.Team != "nlp" {

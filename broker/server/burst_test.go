@@ -62,7 +62,8 @@ type burstRig struct {
 	bootNotices []agentapi.Notice
 }
 
-func newBurstRig(t *testing.T) *burstRig {
+// newBurstRig's cloud offers testOffers, or offers when given.
+func newBurstRig(t *testing.T, offers ...providers.Offer) *burstRig {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.Burst.MinWait = broker.Duration(2 * time.Minute)
@@ -71,7 +72,10 @@ func newBurstRig(t *testing.T) *burstRig {
 	cfg.Burst.ReconcileEvery = broker.Duration(time.Minute)
 	cfg.Burst.OrphanGrace = broker.Duration(2 * time.Minute)
 	r := &burstRig{machines: map[string]*fakeAgent{}}
-	r.cloud = fake.New("cloud", testOffers, nil)
+	if offers == nil {
+		offers = testOffers
+	}
+	r.cloud = fake.New("cloud", offers, nil)
 	r.cloud.Boot = func(ctx context.Context, inst providers.Instance, req providers.CreateRequest) (fake.Machine, error) {
 		return fake.Machine{SSHHost: "127.0.0.1:22", SSHUser: "test"}, nil
 	}
@@ -302,6 +306,11 @@ func TestBurstIdleScaleDownAndBilling(t *testing.T) {
 		t.Fatal("no delete")
 	}
 	r.run(2 * time.Minute) // final slices
+	// The scale-down is logged as an ended machine at INFO, never as a
+	// WARN "node lost" (issue #21).
+	if logs := r.logs.String(); !strings.Contains(logs, `level=INFO msg="burst machine ended" record=`+id) || strings.Contains(logs, `msg="node lost"`) {
+		t.Errorf("the scale-down's log:\n%s", logs)
+	}
 	var usage, overhead int64
 	var cost billing.Amount
 	broker.Ledger{Store: r.store}.Scan(context.Background(), time.Time{}, time.Time{}, func(e billing.Entry) error {

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,6 +49,31 @@ type harness struct {
 	// stop, as on a crash.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// logs is what every server this harness opened logged (text, INFO
+	// and up).
+	logs logBuffer
+}
+
+// logBuffer collects a server's log for a test to read: the first 8 MiB,
+// so a long test's log cannot grow without bound.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len()+len(p) > 8<<20 {
+		return len(p), nil
+	}
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func testConfig(t *testing.T) *config.Config {
@@ -92,7 +119,7 @@ func (h *harness) open(cfg *config.Config) {
 	}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	opts := h.opts
-	opts.Clock, opts.Logger = h.clock, slog.New(slog.NewTextHandler(io.Discard, nil))
+	opts.Clock, opts.Logger = h.clock, slog.New(slog.NewTextHandler(&h.logs, nil))
 	srv, err := New(h.ctx, cfg, st, opts)
 	if err != nil {
 		h.t.Fatal(err)

@@ -2,6 +2,8 @@ package server
 
 import (
 	"net/http"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -152,5 +154,35 @@ func TestTokensListRevokeReload(t *testing.T) {
 	}
 	if code := h.do("GET", "/v1/jobs", "carol-token-0123456789", nil, nil); code != http.StatusOK {
 		t.Fatalf("a token added by a reload is refused: %d", code)
+	}
+}
+
+// TestOperationsControlsAPI: every API call in docs/operations.md's
+// "Operator controls" table is a route the server registers (the CLI
+// column is checked by cmd/spillway's TestOperationsControlsTable).
+func TestOperationsControlsAPI(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(raw), "\n## Operator controls\n")
+	if !ok {
+		t.Fatal("docs/operations.md has no \"## Operator controls\" section")
+	}
+	section, _, _ = strings.Cut(section, "\n### ")
+	h := newHarness(t)
+	param := regexp.MustCompile(`:([A-Za-z]+)`)
+	registered := map[string]bool{}
+	for _, r := range h.srv.echo.Routes() {
+		registered[r.Method+" "+param.ReplaceAllString(r.Path, "{$1}")] = true
+	}
+	calls := regexp.MustCompile("`((?:GET|POST|PUT|DELETE) /v1/[^`]*)`").FindAllStringSubmatch(section, -1)
+	for _, m := range calls {
+		if !registered[m[1]] {
+			t.Errorf("docs/operations.md's operator controls name %s; the server has no such route", m[1])
+		}
+	}
+	if len(calls) < 9 {
+		t.Fatalf("only %d API calls found in the table", len(calls))
 	}
 }

@@ -83,9 +83,12 @@ type reloadState struct {
 	mu sync.Mutex // one reload at a time
 	// file is the config file, "" when the broker was started without one.
 	file string
-	// base is the file as last read, before command-line overrides: the
-	// restart sections are compared with it, so an override (--listen)
-	// never reads as a change.
+	// base is the file as last read and as written (config.LoadWritten:
+	// no derived defaults, no command-line overrides). A reload compares
+	// the new file's written values with it, so an override (--listen)
+	// never reads as a change, and a changed field is reported alone, not
+	// with the fields whose defaults derive from it (advertiseURL and ha
+	// from listen).
 	base *config.Config
 }
 
@@ -95,8 +98,8 @@ func (s *Server) initReload(file string) {
 	if file == "" {
 		return
 	}
-	if c, err := config.Load(file); err == nil {
-		s.reload.base = c
+	if _, w, err := config.LoadWritten(file); err == nil {
+		s.reload.base = w
 	}
 }
 
@@ -115,7 +118,7 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 	if rs.file == "" {
 		return res, newError(http.StatusConflict, "no_config_file", "this broker was started without a config file (spillway dev); there is nothing to reload")
 	}
-	next, err := config.Load(rs.file)
+	next, written, err := config.LoadWritten(rs.file)
 	if err == nil {
 		// The adapters' sections are checked by their adapters.
 		_, err = adapters.Parse(next)
@@ -139,7 +142,7 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 	cur := s.cfg()
 	merged := *cur
 	for _, sec := range configSections {
-		if sameJSON(sec.get(next), sec.get(rs.base)) {
+		if sameJSON(sec.get(written), sec.get(rs.base)) {
 			continue
 		}
 		if sec.set == nil {
@@ -157,7 +160,7 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 	}
 	// The sections' values as of this file, so a second reload of the
 	// same file reports nothing new.
-	rs.base = next
+	rs.base = written
 	rec := broker.AuditRecord{At: s.clock.Now(), By: by, Action: "config.reload", Target: rs.file,
 		Old: "", New: reloadSummary(res)}
 	s.mu.Lock()

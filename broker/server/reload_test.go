@@ -75,3 +75,43 @@ func TestReloadCoversEveryConfigKey(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadReportsOnlyWhatTheOperatorChanged: a file whose only change is
+// listen reports listen alone as needing a restart, not advertiseURL and
+// ha too (their defaults derive from listen), and applies nothing; the
+// same file reloaded again reports nothing.
+func TestReloadReportsOnlyWhatTheOperatorChanged(t *testing.T) {
+	h := newHarness(t)
+	file := filepath.Join(t.TempDir(), "spillway.yaml")
+	dataDir := t.TempDir()
+	write := func(listen string) {
+		raw := fmt.Sprintf("listen: %s\ndataDir: %s\ntls: {insecure: true}\nauth:\n  tokens:\n    - {name: admin, role: operator, token: %s}\n",
+			listen, dataDir, tokAdmin)
+		if err := os.WriteFile(file, []byte(raw), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("127.0.0.1:8080")
+	h.srv.initReload(file)
+	write("0.0.0.0:9090")
+	var res api.ReloadResult
+	if code := h.do("POST", "/v1/config/reload", tokAdmin, nil, &res); code != http.StatusOK {
+		t.Fatalf("reload: %d", code)
+	}
+	if !reflect.DeepEqual(res.RestartNeeded, []string{"listen"}) || len(res.Applied) != 0 {
+		t.Fatalf("only listen changed; got applied %v, restart needed %v", res.Applied, res.RestartNeeded)
+	}
+	res = api.ReloadResult{}
+	if code := h.do("POST", "/v1/config/reload", tokAdmin, nil, &res); code != http.StatusOK || len(res.RestartNeeded)+len(res.Applied) != 0 {
+		t.Fatalf("the same file again: %d, applied %v, restart needed %v", code, res.Applied, res.RestartNeeded)
+	}
+	// A derived field the operator does write is reported as its own.
+	raw, _ := os.ReadFile(file)
+	if err := os.WriteFile(file, append(raw, "advertiseURL: http://broker.example:9090\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res = api.ReloadResult{}
+	if code := h.do("POST", "/v1/config/reload", tokAdmin, nil, &res); code != http.StatusOK || !reflect.DeepEqual(res.RestartNeeded, []string{"advertiseURL"}) {
+		t.Fatalf("advertiseURL written: %d, applied %v, restart needed %v", code, res.Applied, res.RestartNeeded)
+	}
+}

@@ -51,7 +51,7 @@ func (s *Server) unsatisfiableLocked(spec broker.Spec) error {
 	}
 	slices.Sort(models)
 	where := "no node"
-	if spec.Burst != broker.BurstNever && len(s.cfg().Providers) > 0 {
+	if spec.Burst != broker.BurstNever && (len(s.cfg().Providers) > 0 || len(s.burst.offers) > 0) {
 		where = "no node and no cloud offer"
 	}
 	e := newError(http.StatusBadRequest, CodeUnsatisfiable, "%s has gpuModel %s (known: %s); the job would wait forever",

@@ -223,6 +223,11 @@ func TestNodeLostRequeues(t *testing.T) {
 	if h.job(never.ID).State != broker.StateFailed {
 		t.Fatalf("restartPolicy Never job: %s", h.job(never.ID).State)
 	}
+	// An owned node that goes silent is a WARN (a scale-down is not:
+	// TestBurstIdleScaleDownAndBilling).
+	if !strings.Contains(h.logs.String(), `level=WARN msg="node lost" node=n1`) {
+		t.Errorf("no WARN for the lost node:\n%s", h.logs.String())
+	}
 	// The agent comes back still running the old attempt: it is told to kill it.
 	resp := a.sync()
 	if len(resp.Stop) != 2 || resp.Stop[0].Reason != "not_assigned" {

@@ -25,6 +25,19 @@ func TestSubmitShowsEverySpecError(t *testing.T) {
 			t.Errorf("stderr lacks %q:\n%s", want, errOut)
 		}
 	}
+	// `run` builds the spec from flags and shows every problem too.
+	_, errOut, code = runCLI(t, url, cliUser, "run", "--no-upload", "--gpus", "0", "--priority", "urgent", "--queue", "nope", "--", "true")
+	if code == 0 {
+		t.Fatal("run with a bad spec was accepted")
+	}
+	for _, want := range []string{"3 problems", "resources.gpus", "priority", "queue: unknown queue"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("run: stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if strings.Contains(errOut, "timeout") {
+		t.Errorf("run: a timeout the user left out is reported (the unknown queue has no default):\n%s", errOut)
+	}
 }
 
 // TestTokenCreateAndConfigCheck: the example config as shipped fails
@@ -93,9 +106,9 @@ func TestBurstPlanSaysNoProvider(t *testing.T) {
 }
 
 // TestCompletion: shell completion offers job ids (with name and state),
-// queues and priorities from the broker.
+// queues, priorities and teams from the broker.
 func TestCompletion(t *testing.T) {
-	_, url := cliBroker(t)
+	_, url := cliBroker(t, "teams:\n  - {name: nlp}\n  - {name: vision}\n")
 	out, errOut, code := runCLI(t, url, cliUser, "run", "--name", "eval", "--", "true")
 	if code != 0 {
 		t.Fatalf("run: %d %s", code, errOut)
@@ -112,6 +125,12 @@ func TestCompletion(t *testing.T) {
 	out, _, _ = runCLI(t, url, cliUser, "__complete", "run", "--priority", "")
 	if !strings.Contains(out, "high\n") || !strings.Contains(out, "low\n") {
 		t.Errorf("priority completion:\n%s", out)
+	}
+	for _, args := range [][]string{{"jobs", "--team", ""}, {"bill", "usage", "--team", ""}, {"token", "create", "--team", ""}} {
+		out, _, _ = runCLI(t, url, cliAdmin, append([]string{"__complete"}, args...)...)
+		if !strings.Contains(out, "nlp\n") || !strings.Contains(out, "vision\n") {
+			t.Errorf("team completion of %v:\n%s", args, out)
+		}
 	}
 }
 
@@ -160,17 +179,35 @@ func TestTokenListRevokeCLI(t *testing.T) {
 }
 
 // TestServerHelpHidesClientFlags: the daemon verbs' help lists their own
-// flags, not the client's --server/--token.
+// flags, not the client's --server/--token/--output/--ca/--peers (the
+// agent keeps its own --token and --ca).
 func TestServerHelpHidesClientFlags(t *testing.T) {
 	var out, errOut bytes.Buffer
-	execute([]string{"server", "--help"}, &out, &errOut)
-	if strings.Contains(out.String(), "--token") || !strings.Contains(out.String(), "--config") {
-		t.Fatalf("server --help:\n%s", out.String())
+	for _, tc := range []struct {
+		verb, own string
+		client    []string
+	}{
+		{"server", "--config", []string{"--server", "--token", "--output", "--ca", "--peers"}},
+		{"dev", "--listen", []string{"--server", "--token", "--output", "--ca", "--peers"}},
+		{"agent", "--broker", []string{"--server", "--output", "--peers", "env SPILLWAY_CA", "env SPILLWAY_TOKEN"}},
+	} {
+		out.Reset()
+		execute([]string{tc.verb, "--help"}, &out, &errOut)
+		if !strings.Contains(out.String(), tc.own) {
+			t.Errorf("%s --help lacks its own %s:\n%s", tc.verb, tc.own, out.String())
+		}
+		for _, f := range tc.client {
+			if strings.Contains(out.String(), f) {
+				t.Errorf("%s --help lists the client's %s:\n%s", tc.verb, f, out.String())
+			}
+		}
 	}
 	out.Reset()
 	execute([]string{"jobs", "--help"}, &out, &errOut)
-	if !strings.Contains(out.String(), "--token") {
-		t.Fatalf("jobs --help lost the client flags:\n%s", out.String())
+	for _, f := range []string{"--server", "--token", "--output", "--ca", "--peers"} {
+		if !strings.Contains(out.String(), f) {
+			t.Errorf("jobs --help lost the client's %s:\n%s", f, out.String())
+		}
 	}
 }
 
@@ -185,4 +222,161 @@ func TestTopWatch(t *testing.T) {
 	if _, errOut, code := runCLI(t, url, cliUser, "top", "--watch", "10ms"); code == 0 || !strings.Contains(errOut, "--watch") {
 		t.Fatalf("a 10ms watch was accepted: %s", errOut)
 	}
+}
+
+// TestIDPrefixEverywhere: a unique prefix of a job id works in every verb
+// that takes a job (status, logs, explain, job hold/release/priority,
+// cancel), as git takes a short hash; an ambiguous prefix is refused
+// naming the jobs it matches.
+func TestIDPrefixEverywhere(t *testing.T) {
+	_, url := cliBroker(t)
+	submit := func() string {
+		out, errOut, code := runCLI(t, url, cliUser, "run", "--", "true")
+		if code != 0 {
+			t.Fatalf("run: %d %s", code, errOut)
+		}
+		return strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	}
+	a, b := submit(), submit()
+	common := 0
+	for common < len(a) && a[common] == b[common] {
+		common++
+	}
+	p := strings.ToLower(a[:max(common+1, 4)])
+	for _, tc := range []struct {
+		token string
+		args  []string
+		want  string
+	}{
+		{cliUser, []string{"status", p}, a},
+		{cliUser, []string{"logs", p}, ""},
+		{cliUser, []string{"explain", p}, a},
+		{cliUser, []string{"job", "hold", p}, a + " held"},
+		{cliUser, []string{"job", "release", p}, a + " released"},
+		{cliAdmin, []string{"job", "priority", p, "high"}, "priority high"},
+		{cliUser, []string{"cancel", p}, a},
+	} {
+		out, errOut, code := runCLI(t, url, tc.token, tc.args...)
+		if code != 0 || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: exit %d\n%s%s", strings.Join(tc.args, " "), code, out, errOut)
+		}
+	}
+	if out, _, _ := runCLI(t, url, cliUser, "status", b); !strings.Contains(out, "pending") {
+		t.Errorf("the other job was touched:\n%s", out)
+	}
+	if common < 4 {
+		return // the two ids share less than the shortest prefix resolved
+	}
+	for _, verb := range [][]string{{"status"}, {"cancel"}, {"job", "hold"}} {
+		_, errOut, code := runCLI(t, url, cliUser, append(verb, a[:common])...)
+		if code == 0 || !strings.Contains(errOut, "ambiguous") || !strings.Contains(errOut, a) || !strings.Contains(errOut, b) {
+			t.Errorf("%s with the ambiguous prefix %s: exit %d\n%s", verb, a[:common], code, errOut)
+		}
+	}
+}
+
+// TestVersionShowsClientAndServer: --version (and `version`) print this
+// binary's version and the broker's; with no broker it says so instead of
+// failing.
+func TestVersionShowsClientAndServer(t *testing.T) {
+	_, url := cliBroker(t)
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		out, errOut, code := runCLI(t, url, cliUser, args...)
+		if code != 0 || !regexp.MustCompile(`(?m)^spillway \S+ \S+/\S+ go\S+\n`).MatchString(out) ||
+			!regexp.MustCompile(`(?m)^broker `+regexp.QuoteMeta(url)+`: spillway \S+$`).MatchString(out) {
+			t.Errorf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+	}
+	out, _, code := runCLI(t, "http://127.0.0.1:1", cliUser, "--version")
+	if code != 0 || !strings.Contains(out, "broker http://127.0.0.1:1: not reachable") {
+		t.Errorf("--version with no broker: exit %d\n%s", code, out)
+	}
+}
+
+// TestJobsListsActiveUnlessAll: `jobs` lists pending and running jobs
+// only; --all adds the finished ones.
+func TestJobsListsActiveUnlessAll(t *testing.T) {
+	_, url := cliBroker(t)
+	ids := map[string]string{}
+	for _, name := range []string{"done", "waiting"} {
+		out, errOut, code := runCLI(t, url, cliUser, "run", "--name", name, "--", "true")
+		if code != 0 {
+			t.Fatalf("run: %d %s", code, errOut)
+		}
+		ids[name] = strings.TrimSpace(strings.TrimPrefix(out, "submitted "))
+	}
+	if _, errOut, code := runCLI(t, url, cliUser, "cancel", ids["done"]); code != 0 {
+		t.Fatalf("cancel: %s", errOut)
+	}
+	out, errOut, code := runCLI(t, url, cliUser, "jobs")
+	if code != 0 || !strings.Contains(out, ids["waiting"]) || strings.Contains(out, ids["done"]) {
+		t.Fatalf("jobs: exit %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = runCLI(t, url, cliUser, "jobs", "--all")
+	if code != 0 || !strings.Contains(out, ids["waiting"]) || !strings.Contains(out, ids["done"]) {
+		t.Fatalf("jobs --all: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// TestOperationsControlsTable: every CLI command in docs/operations.md's
+// "Operator controls" table is a command of this binary with the flags
+// the row uses (broker/server's TestOperationsControlsAPI checks the API
+// column against the routes).
+func TestOperationsControlsTable(t *testing.T) {
+	rows := operatorControlRows(t)
+	cli := regexp.MustCompile("`(spillway [^`]*)`")
+	checked := 0
+	for _, row := range rows {
+		for _, m := range cli.FindAllStringSubmatch(row[1], -1) {
+			words := strings.Fields(m[1])
+			var path []string
+			for _, w := range words[1:] {
+				if strings.HasPrefix(w, "-") || strings.ToUpper(w) == w || w == "..." {
+					break
+				}
+				path = append(path, w)
+			}
+			var out, errOut bytes.Buffer
+			execute(append(append([]string{}, path...), "--help"), &out, &errOut)
+			if !strings.Contains(out.String(), "\n  spillway "+strings.Join(path, " ")+" ") {
+				t.Errorf("%q: no command spillway %s:\n%s", m[1], strings.Join(path, " "), out.String())
+				continue
+			}
+			for _, w := range words {
+				if flag, ok := strings.CutPrefix(w, "--"); ok && !strings.Contains(out.String(), "--"+flag+" ") {
+					t.Errorf("%q: spillway %s has no flag --%s", m[1], strings.Join(path, " "), flag)
+				}
+			}
+			checked++
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("only %d CLI commands found in the table", checked)
+	}
+}
+
+// operatorControlRows reads the table under docs/operations.md's
+// "## Operator controls": each row's cells (what, CLI, API).
+func operatorControlRows(t *testing.T) [][]string {
+	t.Helper()
+	raw, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(raw), "\n## Operator controls\n")
+	if !ok {
+		t.Fatal("docs/operations.md has no \"## Operator controls\" section")
+	}
+	var rows [][]string
+	for _, line := range strings.Split(section, "\n") {
+		if strings.HasPrefix(line, "## ") || strings.HasPrefix(line, "### ") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if !strings.HasPrefix(line, "| ") || len(cells) != 3 || cells[0] == "what" || strings.HasPrefix(cells[0], "---") {
+			continue
+		}
+		rows = append(rows, cells)
+	}
+	return rows
 }

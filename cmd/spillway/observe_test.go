@@ -22,8 +22,9 @@ const (
 	cliAdmin = "admin-token-012345678"
 )
 
-// cliBroker is an in-process broker the CLI verbs talk to.
-func cliBroker(t *testing.T) (*server.Server, string) {
+// cliBroker is an in-process broker the CLI verbs talk to; extra is more
+// of its config file (top-level keys other than listen, dataDir, auth).
+func cliBroker(t *testing.T, extra ...string) (*server.Server, string) {
 	t.Helper()
 	dir := t.TempDir()
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`listen: 127.0.0.1:0
@@ -32,7 +33,7 @@ auth:
   tokens:
     - {name: alice, role: user, team: nlp, token: %s}
     - {name: admin, role: operator, token: %s}
-`, dir, cliUser, cliAdmin)))
+`, dir, cliUser, cliAdmin) + strings.Join(extra, "")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -114,5 +115,68 @@ func TestInterruptExits130(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("run --wait did not stop on SIGINT")
+	}
+}
+
+// TestRunWaitReconnectsQuietly: `run --wait` prints a countdown pending
+// reason once, not once per poll (the minimum wait ticks every second);
+// when the broker goes away (a 503 while it restarts, then a dropped
+// connection) it says so once, says the job keeps running, reconnects
+// with backoff, then shows the log and exits with the job's status.
+func TestRunWaitReconnectsQuietly(t *testing.T) {
+	old := reconnectBackoff
+	reconnectBackoff.initial, reconnectBackoff.max = time.Millisecond, 5*time.Millisecond
+	t.Cleanup(func() { reconnectBackoff = old })
+	const id = "01M8RYGE2896ABCDEFGHJKMNPQ"
+	var reads atomic.Int32
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		j := broker.Job{ID: id, State: broker.StatePending}
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/v1/jobs":
+			w.WriteHeader(http.StatusCreated)
+		case r.URL.Path == "/v1/jobs/"+id+"/logs":
+			_, _ = w.Write([]byte("hello\n"))
+			return
+		case r.URL.Path == "/v1/jobs/"+id:
+			switch n := reads.Add(1); {
+			case n <= 3:
+				j.Pending = &broker.PendingReason{Code: "burst_wait", Message: fmt.Sprintf("waiting %ds of the 60s minimum before bursting", 60-n)}
+			case n == 4:
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"error":{"code":"unavailable","message":"starting"}}`))
+				return
+			case n == 5:
+				conn, _, _ := w.(http.Hijacker).Hijack()
+				conn.Close()
+				return
+			case n == 6:
+				j.State = broker.StateRunning
+			default:
+				j.State = broker.StateSucceeded
+				j.History = []broker.Transition{{To: broker.StateSucceeded, Detail: "exit code 0"}}
+			}
+		default:
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(j)
+	}))
+	t.Cleanup(hs.Close)
+	var out, errOut bytes.Buffer
+	code := execute([]string{"--server", hs.URL, "--token", "t", "run", "--no-upload", "--wait", "--", "true"}, &out, &errOut)
+	if code != 0 || out.String() != "hello\n" {
+		t.Fatalf("exit %d, stdout %q\nstderr:\n%s", code, out.String(), errOut.String())
+	}
+	stderr := errOut.String()
+	if n := strings.Count(stderr, "minimum before bursting"); n != 1 {
+		t.Errorf("the countdown was printed %d times, want once:\n%s", n, stderr)
+	}
+	for _, want := range []string{"lost the broker", "job " + id + " keeps running", "reconnected", id + " succeeded: exit code 0"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if n := strings.Count(stderr, "lost the broker"); n != 1 {
+		t.Errorf("one outage reported %d times:\n%s", n, stderr)
 	}
 }

@@ -246,8 +246,9 @@ func show[T any](g *globals, cmd *cobra.Command, fetch func(*client.Client) (T, 
 	return table(v)
 }
 
-// hideClientFlags keeps the client's --server, --token and --output out of
-// the help of the daemon verbs, which do not read them.
+// hideClientFlags keeps the client's --server, --token, --output, --ca and
+// --peers out of the help of the daemon verbs, which do not read them (the
+// agent's own --token and --ca are its flags, not these).
 func hideClientFlags(root *cobra.Command, names ...string) {
 	help := root.HelpFunc()
 	for _, c := range root.Commands() {
@@ -255,7 +256,7 @@ func hideClientFlags(root *cobra.Command, names ...string) {
 			continue
 		}
 		c.SetHelpFunc(func(cmd *cobra.Command, args []string) {
-			for _, name := range []string{"server", "token", "output"} {
+			for _, name := range []string{"server", "token", "output", "ca", "peers"} {
 				if f := root.PersistentFlags().Lookup(name); f != nil {
 					f.Hidden = true
 					defer func() { f.Hidden = false }()

@@ -3,7 +3,9 @@
 // failing tests), then a summary of every skipped test with its reason,
 // which for tests that need a real service says how to enable it. `make
 // test` pipes into it; `make test-deps` installs those services on Debian.
-// It exits 1 when any test or package failed.
+// It exits 1 when any test or package failed, and under CI=true (.ci/run)
+// also when any test skipped: CI has every service installed, so a skip
+// there is a test that did not run, never a pass.
 package main
 
 import (
@@ -28,10 +30,12 @@ type event struct {
 type skip struct{ pkg, test, reason string }
 
 func main() {
-	os.Exit(run(os.Stdin, os.Stdout))
+	os.Exit(run(os.Stdin, os.Stdout, os.Getenv("CI") == "true"))
 }
 
-func run(in io.Reader, out io.Writer) int {
+// run summarises the events on in; failOnSkip (CI=true) makes any skipped
+// test fail the run.
+func run(in io.Reader, out io.Writer, failOnSkip bool) int {
 	outputs := map[string][]string{} // package/test → its output lines
 	var skips []skip
 	failed := false
@@ -79,6 +83,10 @@ func run(in io.Reader, out io.Writer) int {
 		for _, s := range skips {
 			fmt.Fprintf(out, "  %s %s: %s\n", strings.TrimPrefix(s.pkg, "github.com/spillway-dev/spillway/"), s.test, s.reason)
 		}
+	}
+	if len(skips) > 0 && failOnSkip {
+		fmt.Fprintf(out, "FAIL: CI=true and %d test(s) skipped; under CI every test runs (a missing service is a failure, not a skip)\n", len(skips))
+		return 1
 	}
 	if failed {
 		return 1

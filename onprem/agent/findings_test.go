@@ -61,11 +61,12 @@ func TestFinding8DoubleRunAfterAgentKill(t *testing.T) {
 }
 
 // TestAgentChildStartsJob is the child of TestFinding8DoubleRunAfterAgentKill:
-// an agent that starts one job and waits to be killed.
+// an agent that starts one job and waits to be killed. Run on its own it
+// does nothing (a return, not a skip: under CI=true any skip fails the run).
 func TestAgentChildStartsJob(t *testing.T) {
 	dir := os.Getenv("SPILLWAY_TEST_AGENT_CHILD")
 	if dir == "" {
-		t.Skip("child process of TestFinding8DoubleRunAfterAgentKill")
+		return
 	}
 	be, _ := sim.New("1xH100-80GB", "n", sim.Options{})
 	ag, err := New(Config{Broker: "http://127.0.0.1:1", Token: "t", Name: "n", DataDir: dir}, be, slog.New(slog.NewTextHandler(io.Discard, nil)))
