@@ -11,3 +11,14 @@ type OfferView struct {
 	Skip       string `json:"skip,omitempty"`
 	SkipDetail string `json:"skipDetail,omitempty"`
 }
+
+// PriceRefresh is one provider's answer to `spillway offers refresh`
+// (POST /v1/offers/refresh): the table read from its cloud's price list
+// and now used for its on-demand offers, or why it could not be read.
+type PriceRefresh struct {
+	Provider string                `json:"provider"`
+	Table    *providers.PriceTable `json:"table,omitempty"`
+	// Error is why the price list could not be read; the provider keeps
+	// the prices it had (an earlier table, or its config).
+	Error string `json:"error,omitempty"`
+}
