@@ -91,7 +91,7 @@ func offersRefreshCmd(g *globals) *cobra.Command {
 						t := r.Table
 						at := t.FetchedAt.UTC().Format(time.RFC3339)
 						for _, typ := range slices.Sorted(maps.Keys(t.OnDemand)) {
-							fmt.Fprintf(w, "%s\t%s\t%s\t%s %s\t%s\n", r.Provider, t.Region, typ, burst.Money(t.OnDemand[typ]), t.Currency, at)
+							fmt.Fprintf(w, "%s\t%s\t%s\t%s %s\t%s\n", r.Provider, t.Region, typ, t.OnDemand[typ].String(), t.Currency, at)
 						}
 						for _, typ := range t.Missing {
 							fmt.Fprintf(w, "%s\t%s\t%s\t-\tnot in the price list: the configured onDemandPrice stays\n", r.Provider, t.Region, typ)
