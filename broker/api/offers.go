@@ -12,6 +12,10 @@ type OfferView struct {
 	SkipDetail string `json:"skipDetail,omitempty"`
 }
 
+// PriceFrom says where the offer's price comes from, for people:
+// "config", "price list at 2026-12-01T10:00:00Z", "spot history at …".
+func (v OfferView) PriceFrom() string { return providers.DescribePriceSource(v.Offer) }
+
 // PriceRefresh is one provider's answer to `spillway offers refresh`
 // (POST /v1/offers/refresh): the table read from its cloud's price list
 // and now used for its on-demand offers, or why it could not be read.

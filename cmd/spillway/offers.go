@@ -11,7 +11,6 @@ import (
 	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/client"
-	"github.com/spillway-dev/spillway/providers"
 )
 
 func offersCmd(g *globals) *cobra.Command {
@@ -47,7 +46,7 @@ func offersCmd(g *globals) *cobra.Command {
 						}
 						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d × %s\t%s %s\t%s\t%s\t%s\n", o.Provider, o.Region, dash(o.Zone), o.InstanceType, market,
 							o.GPUs, dash(o.GPUModel), burst.Money(o.PricePerHour), o.Currency, burst.Money(o.PricePerGPUHour()),
-							providers.DescribePriceSource(o.Offer), status)
+							o.PriceFrom(), status)
 					}
 					return w.Flush()
 				})
