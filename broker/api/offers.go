@@ -7,7 +7,8 @@ import "github.com/spillway-dev/spillway/providers"
 type OfferView struct {
 	providers.Offer
 	// Skip is the reason code when decisions leave the offer out now
-	// (unavailable, no_gpus, cooling_down); empty when it may be chosen.
+	// (unavailable, no_gpus, cooling_down, budget); empty when it may be
+	// chosen.
 	Skip       string `json:"skip,omitempty"`
 	SkipDetail string `json:"skipDetail,omitempty"`
 }

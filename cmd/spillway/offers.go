@@ -20,7 +20,8 @@ func offersCmd(g *globals) *cobra.Command {
 		Long: "Every provider's offers, in the order burst decisions try them (leased first, then by price),\n" +
 			"with where each price comes from (the config, the cloud's price list as of its last refresh,\n" +
 			"the spot price history, the provider's API), and the reason an offer is skipped now:\n" +
-			"unavailable, no GPUs, or cooling down after a capacity error or a spot reclaim.\n" +
+			"unavailable, no GPUs, cooling down after a capacity error or a spot reclaim, or no global budget\n" +
+			"(none set, or spent this month).\n" +
 			"`spillway offers refresh` reads on-demand prices from the clouds' price lists.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

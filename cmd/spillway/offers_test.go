@@ -23,7 +23,8 @@ import (
 // TestOffersRefreshCLI: `spillway offers refresh` (an operator) prints
 // the on-demand prices the broker read from the EC2 price list (the fake,
 // through the real SDK client) and the type the list lacks; `spillway
-// offers` then says each price's source; a user may not refresh. Both
+// offers` then says each price's source (and, before a budget is set,
+// that no priced offer can be launched); a user may not refresh. Both
 // outputs are the example of docs/providers.md, "Refreshing on-demand
 // prices", verbatim.
 func TestOffersRefreshCLI(t *testing.T) {
@@ -89,6 +90,13 @@ providers:
 		t.Fatalf("offers refresh: %d\n%s%s", code, refresh, errOut)
 	}
 	offers, errOut, code := runCLI(t, hs.URL, cliUser, "offers")
+	if code != 0 || strings.Count(offers, "skipped: no global burst budget is set") != 4 {
+		t.Fatalf("offers without a budget: %d\n%s%s", code, offers, errOut)
+	}
+	if out, errOut, code := runCLI(t, hs.URL, cliAdmin, "budget", "set", "--global", "500"); code != 0 {
+		t.Fatalf("budget set: %d\n%s%s", code, out, errOut)
+	}
+	offers, errOut, code = runCLI(t, hs.URL, cliUser, "offers")
 	if code != 0 {
 		t.Fatalf("offers: %d\n%s%s", code, offers, errOut)
 	}
