@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -57,6 +58,10 @@ type burstState struct {
 	bootstrap  BootstrapFunc
 	alerted    map[string]bool
 	last       burst.Decision
+	// refreshing serialises price refreshes (prices.go), so the table a
+	// provider uses is the one stored last; it is held without Server.mu
+	// while the price lists answer.
+	refreshing sync.Mutex
 }
 
 // offerRefresh is how long provider offers are cached.

@@ -85,6 +85,8 @@ func (s *Server) refreshPrices(c echo.Context) error {
 	case len(refreshers) == 0:
 		return newError(http.StatusConflict, "no_price_list", "no configured provider has a price list to refresh from (aws providers do); prices come from the config")
 	}
+	s.burst.refreshing.Lock()
+	defer s.burst.refreshing.Unlock()
 	ctx := c.Request().Context()
 	out := make([]api.PriceRefresh, 0, len(refreshers))
 	var failed []string
