@@ -176,6 +176,9 @@ func onDemandPrice(docs []string, instanceType, region, currency string) (price 
 // rounded half up to the micro billing counts in.
 func parsePriceListAmount(s string) (billing.Amount, error) {
 	if a, err := billing.ParseAmount(s); err == nil {
+		if a < 0 {
+			return 0, fmt.Errorf("%q is negative", s)
+		}
 		return a, nil
 	}
 	r, ok := new(big.Rat).SetString(strings.TrimSpace(s))
