@@ -67,7 +67,8 @@ type PriceRefresher interface {
 	Provider
 	// FetchPrices reads the on-demand prices of the configured types.
 	FetchPrices(ctx context.Context) (PriceTable, error)
-	// UsePrices makes Offers price on-demand offers from t.
+	// UsePrices makes Offers price on-demand offers from t; a table with
+	// no prices puts the configured ones back.
 	UsePrices(t PriceTable)
 }
 

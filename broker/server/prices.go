@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -122,4 +123,57 @@ func (s *Server) refreshPrices(c echo.Context) error {
 		return newError(http.StatusBadGateway, "price_list_unavailable", "%s", strings.Join(failed, "; "))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"refreshed": out})
+}
+
+// clearPrices answers DELETE /v1/offers/prices (?provider=NAME for one):
+// the refreshed tables are dropped from the store and the providers, whose
+// on-demand offers take their configured prices again. It answers the
+// providers whose table it dropped. The audit middleware records the call.
+func (s *Server) clearPrices(c echo.Context) error {
+	want := c.QueryParam("provider")
+	s.mu.Lock()
+	if err := s.checkLeaderLocked(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	_, known := s.burst.providers[want]
+	refreshers := map[string]providers.PriceRefresher{}
+	for name, p := range s.burst.providers {
+		if r, ok := p.(providers.PriceRefresher); ok && (want == "" || want == name) {
+			refreshers[name] = r
+		}
+	}
+	s.mu.Unlock()
+	if want != "" && !known {
+		return errBadRequest("provider", broker.CodeInvalid, "no provider named %q is configured (spillway offers lists them)", clip(want))
+	}
+	s.burst.refreshing.Lock()
+	defer s.burst.refreshing.Unlock()
+	cleared := []string{}
+	err := s.store.Update(c.Request().Context(), func(tx broker.Tx) error {
+		cleared = cleared[:0]
+		for _, name := range slices.Sorted(maps.Keys(refreshers)) {
+			if _, err := tx.Get(broker.BucketMeta, priceTableKey+name); errors.Is(err, broker.ErrNotFound) {
+				continue
+			} else if err != nil {
+				return err
+			}
+			if err := tx.Delete(broker.BucketMeta, priceTableKey+name); err != nil {
+				return err
+			}
+			cleared = append(cleared, name)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, name := range cleared {
+		refreshers[name].UsePrices(providers.PriceTable{Provider: name})
+		s.log.Info("refreshed prices cleared; configured prices apply", "provider", name, "by", principal(c).Name)
+	}
+	s.mu.Lock()
+	s.burst.offersAt = time.Time{}
+	s.mu.Unlock()
+	return c.JSON(http.StatusOK, map[string]any{"cleared": cleared})
 }

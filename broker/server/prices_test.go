@@ -90,7 +90,9 @@ func offerPrices(h *harness) map[string]string {
 // offers at those prices with their source and time, a type the list
 // lacks at its configured price, spot at its configured one. The call is
 // audited; a user may not make it; the table outlives a restart without
-// asking the price list again; a failed refresh keeps the last table.
+// asking the price list again; a failed refresh keeps the last table;
+// DELETE /v1/offers/prices puts the configured prices back, also after a
+// restart.
 func TestRefreshPricesFromPriceList(t *testing.T) {
 	h, fake := priceRig(t)
 	before := offerPrices(h)
@@ -165,6 +167,27 @@ func TestRefreshPricesFromPriceList(t *testing.T) {
 	}
 	if got := offerPrices(h); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("offers after a failed refresh:\n got %v\nwant %v", got, want)
+	}
+
+	// Clearing puts the configured prices back, for good.
+	if code := h.do("DELETE", "/v1/offers/prices", tokAlice, nil, nil); code != http.StatusForbidden {
+		t.Fatalf("a user cleared prices: %d", code)
+	}
+	var cleared struct {
+		Cleared []string `json:"cleared"`
+	}
+	if code := h.do("DELETE", "/v1/offers/prices", tokAdmin, nil, &cleared); code != http.StatusOK || fmt.Sprint(cleared.Cleared) != "[aws-us-east-1]" {
+		t.Fatalf("clear: %d %+v", code, cleared)
+	}
+	if got := offerPrices(h); fmt.Sprint(got) != fmt.Sprint(before) {
+		t.Fatalf("offers after clearing:\n got %v\nwant %v", got, before)
+	}
+	h.restart()
+	if got := offerPrices(h); fmt.Sprint(got) != fmt.Sprint(before) {
+		t.Fatalf("offers after clearing and a restart:\n got %v\nwant %v", got, before)
+	}
+	if code := h.do("DELETE", "/v1/offers/prices", tokAdmin, nil, &cleared); code != http.StatusOK || len(cleared.Cleared) != 0 {
+		t.Fatalf("clear again: %d %+v", code, cleared)
 	}
 }
 

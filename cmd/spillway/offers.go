@@ -53,7 +53,31 @@ func offersCmd(g *globals) *cobra.Command {
 				})
 		},
 	}
-	cmd.AddCommand(offersRefreshCmd(g))
+	cmd.AddCommand(offersRefreshCmd(g), offersClearPricesCmd(g))
+	return cmd
+}
+
+func offersClearPricesCmd(g *globals) *cobra.Command {
+	var provider string
+	cmd := &cobra.Command{
+		Use:   "clear-prices",
+		Short: "Forget the prices `spillway offers refresh` read: on-demand offers take their configured prices again (operator)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return show(g, cmd, func(c *client.Client) ([]string, error) { return c.ClearPrices(cmd.Context(), provider) },
+				func(cleared []string) error {
+					if len(cleared) == 0 {
+						fmt.Fprintln(cmd.OutOrStdout(), "no refreshed prices to clear: the configured prices apply")
+						return nil
+					}
+					for _, name := range cleared {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s: refreshed prices cleared; the configured prices apply\n", name)
+					}
+					return nil
+				})
+		},
+	}
+	cmd.Flags().StringVar(&provider, "provider", "", "this provider only")
 	return cmd
 }
 

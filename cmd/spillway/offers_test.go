@@ -108,4 +108,10 @@ providers:
 	if !strings.Contains(string(raw), want) {
 		t.Fatalf("docs/providers.md does not show this session verbatim:\n%s", want)
 	}
+	if out, errOut, code := runCLI(t, hs.URL, cliAdmin, "offers", "clear-prices"); code != 0 || out != "aws-us-east-1: refreshed prices cleared; the configured prices apply\n" {
+		t.Fatalf("offers clear-prices: %d\n%s%s", code, out, errOut)
+	}
+	if out, _, code := runCLI(t, hs.URL, cliUser, "offers"); code != 0 || strings.Contains(out, "price list at") || !strings.Contains(out, "98.32 USD") {
+		t.Fatalf("offers after clear-prices: %d\n%s", code, out)
+	}
 }

@@ -86,7 +86,8 @@ func (p *Provider) FetchPrices(ctx context.Context) (providers.PriceTable, error
 }
 
 // UsePrices makes Offers price on-demand offers from t where it has a
-// price for the type; a table of another provider is ignored.
+// price for the type (an empty table: the configured prices again); a
+// table of another provider is ignored.
 func (p *Provider) UsePrices(t providers.PriceTable) {
 	if t.Provider != p.cfg.Name || (t.Currency != "" && t.Currency != p.cfg.Currency) {
 		return
