@@ -88,6 +88,11 @@ type Offer struct {
 	// the team that uses it.
 	PricePerHour billing.Amount `json:"pricePerHour"`
 	Currency     string         `json:"currency"`
+	// PriceSource says where PricePerHour comes from (PriceFromConfig,
+	// PriceFromPriceList, PriceFromSpotHistory, PriceFromAPI); PricedAt
+	// is when that source set it (zero for configured prices).
+	PriceSource string    `json:"priceSource,omitempty"`
+	PricedAt    time.Time `json:"pricedAt,omitzero"`
 	// Prepaid marks capacity paid for whether used or not (leased hosts).
 	// Its marginal cost is zero: SortOffers ranks it before any price, and
 	// a burst budget need not reserve for it.

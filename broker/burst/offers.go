@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/providers"
 )
 
@@ -21,6 +22,9 @@ const (
 	SkipUnavailable = "unavailable"
 	SkipNoGPUs      = "no_gpus"
 	SkipCoolingDown = "cooling_down"
+	// SkipBudget (OfferBudgetSkip): no priced launch fits this month's
+	// global budget.
+	SkipBudget = "budget"
 )
 
 // OfferSkip says why Decide leaves offer o out at in.Now, or "" when it
@@ -34,6 +38,25 @@ func OfferSkip(in *Input, o providers.Offer) (code, detail string) {
 	}
 	if c, ok := in.CoolDowns[o.Key()]; ok && in.Now.Before(c.Until) {
 		return SkipCoolingDown, fmt.Sprintf("cooling down until %s: %s", c.Until.UTC().Format(time.RFC3339), c.Reason)
+	}
+	return "", ""
+}
+
+// OfferBudgetSkip says why no decision can launch priced offer o with
+// in.Budgets: there is no global budget, or it is spent. Decide's budget
+// check blocks every job's launch of o then (with CodeBudget); whether a
+// job fits a budget with room depends on its timeout, which `spillway
+// burst plan` shows. Leased (prepaid) capacity needs no budget.
+func OfferBudgetSkip(in *Input, o providers.Offer) (code, detail string) {
+	if o.Prepaid || o.PricePerHour <= 0 {
+		return "", ""
+	}
+	g, ok := in.Budgets[broker.GlobalScope]
+	switch {
+	case !ok:
+		return SkipBudget, "no global burst budget is set (spillway budget set --global AMOUNT)"
+	case g.Committed >= g.Limit:
+		return SkipBudget, fmt.Sprintf("the global budget is spent: %s/%s %s this month", Money(g.Committed), Money(g.Limit), in.Currency)
 	}
 	return "", ""
 }

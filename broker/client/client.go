@@ -366,6 +366,40 @@ func (c *Client) Offers(ctx context.Context) ([]api.OfferView, error) {
 	return out.Offers, nil
 }
 
+// RefreshPrices has the broker read on-demand prices from the clouds'
+// price lists (operator); provider "" refreshes every provider that has
+// one.
+func (c *Client) RefreshPrices(ctx context.Context, provider string) ([]api.PriceRefresh, error) {
+	var out struct {
+		Refreshed []api.PriceRefresh `json:"refreshed"`
+	}
+	path := "/v1/offers/refresh"
+	if provider != "" {
+		path += "?provider=" + url.QueryEscape(provider)
+	}
+	if err := c.getJSON(ctx, http.MethodPost, path, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Refreshed, nil
+}
+
+// ClearPrices drops the refreshed price tables (operator): on-demand
+// offers take their configured prices again. It returns the providers
+// whose table was dropped.
+func (c *Client) ClearPrices(ctx context.Context, provider string) ([]string, error) {
+	var out struct {
+		Cleared []string `json:"cleared"`
+	}
+	path := "/v1/offers/prices"
+	if provider != "" {
+		path += "?provider=" + url.QueryEscape(provider)
+	}
+	if err := c.getJSON(ctx, http.MethodDelete, path, nil, "", &out); err != nil {
+		return nil, err
+	}
+	return out.Cleared, nil
+}
+
 // Instance describes one burst machine.
 func (c *Client) Instance(ctx context.Context, id string) (*api.InstanceView, error) {
 	var out api.InstanceView

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -57,6 +58,10 @@ type burstState struct {
 	bootstrap  BootstrapFunc
 	alerted    map[string]bool
 	last       burst.Decision
+	// refreshing serialises price refreshes (prices.go), so the table a
+	// provider uses is the one stored last; it is held without Server.mu
+	// while the price lists answer.
+	refreshing sync.Mutex
 }
 
 // offerRefresh is how long provider offers are cached.
@@ -103,9 +108,10 @@ func (s *Server) initBurst(ctx context.Context, opt Options) error {
 	return nil
 }
 
-// loadInstances reads the instance records into memory and tells the
-// leased-host pools which hosts the records claim: at start, and again
-// whenever this broker takes over as leader (leader.go).
+// loadInstances reads the instance records into memory, tells the
+// leased-host pools which hosts the records claim and gives the providers
+// their refreshed price tables: at start, and again whenever this broker
+// takes over as leader (leader.go).
 func (s *Server) loadInstances(ctx context.Context) error {
 	b := &s.burst
 	b.instances = map[string]*broker.InstanceRecord{}
@@ -119,10 +125,15 @@ func (s *Server) loadInstances(ctx context.Context) error {
 			return err
 		}
 		// Budget alerts already raised stay raised across restarts.
-		return tx.Scan(broker.BucketMeta, budgetAlertKey, broker.PrefixEnd(budgetAlertKey), func(k string, _ []byte) error {
+		err = tx.Scan(broker.BucketMeta, budgetAlertKey, broker.PrefixEnd(budgetAlertKey), func(k string, _ []byte) error {
 			b.alerted[strings.TrimPrefix(k, budgetAlertKey)] = true
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		// Refreshed on-demand prices outlive restarts (prices.go).
+		return s.loadPriceTables(tx)
 	})
 	if err != nil {
 		return fmt.Errorf("load instance records: %w", err)

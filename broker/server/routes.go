@@ -52,6 +52,8 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	ops := allow(config.RoleOperator)
 	v1.GET("/instances", s.listInstances, people)
 	v1.GET("/offers", s.listOffers, people)
+	v1.POST("/offers/refresh", s.refreshPrices, ops)
+	v1.DELETE("/offers/prices", s.clearPrices, ops)
 	v1.GET("/instances/:id", s.getInstance, people)
 	v1.GET("/burst/plan", s.burstPlan, ops)
 	// Operator controls (operator.go, tokens.go).

@@ -81,7 +81,10 @@ func startLocalCloud(cfgPath string) (*localCloud, error) {
 		"AWS_SESSION_TOKEN": "", "AWS_PROFILE": "", "AWS_EC2_METADATA_DISABLED": "true"} {
 		_ = os.Setenv(k, v)
 	}
-	ec2, err := fakecloud.StartEC2(fakecloud.EC2Options{Machines: fakecloud.LocalSSH, BootTime: 2 * time.Second})
+	// Its price list (`spillway offers refresh`) lists the configured
+	// price, so a refresh changes the source, not the demo's budget sums.
+	ec2, err := fakecloud.StartEC2(fakecloud.EC2Options{Machines: fakecloud.LocalSSH, BootTime: 2 * time.Second,
+		Prices: []fakecloud.OnDemandPrice{{InstanceType: devBurstType, Price: devBurstPrice + "00000000"}}})
 	if err != nil {
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
@@ -100,12 +103,13 @@ providers:   # added by spillway dev --burst at each start
       name: local-ec2
       region: us-east-1
       endpoint: %s
+      pricingEndpoint: %s
       imageId: ami-local
       sshUser: %s
       sshPort: %d
       instanceTypes:
         - {name: %s, gpuModel: A10G, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "%s"}
-`, ec2.URL, login, ec2.SSHPort(), devBurstType, devBurstPrice)...)
+`, ec2.URL, ec2.URL, login, ec2.SSHPort(), devBurstType, devBurstPrice)...)
 	cfg, err := config.Parse(raw)
 	if err != nil {
 		ec2.Close()

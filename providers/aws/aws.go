@@ -8,8 +8,11 @@
 // from the console output, where cloud-init prints them on first boot.
 //
 // Offers come from configuration (instance types with their GPUs and
-// prices per region): EC2's pricing API is not reachable from every
-// network and prices are a business decision the operator owns anyway.
+// prices per region): prices are a business decision the operator owns.
+// On top of it, spot prices may come live from DescribeSpotPriceHistory
+// (liveSpotPrices), and on-demand prices from the AWS Price List Query
+// API when an operator refreshes them (FetchPrices, pricing.go; the
+// broker keeps the table and hands it back with UsePrices).
 // Credentials come from the SDK's default chain (environment, shared
 // config, SSO, instance role).
 package aws
@@ -24,12 +27,14 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/pricing"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"golang.org/x/crypto/ssh"
@@ -90,6 +95,14 @@ type Config struct {
 	// for an offer without one) instead of each type's spotPrice, which
 	// stays the fallback when EC2 has no price for it.
 	LiveSpotPrices bool `json:"liveSpotPrices,omitempty"`
+	// PricingEndpoint overrides the AWS Price List Query API endpoint
+	// (default https://api.pricing.<pricingRegion>.amazonaws.com; a test
+	// server). `spillway offers refresh` reads on-demand prices there.
+	PricingEndpoint string `json:"pricingEndpoint,omitempty"`
+	// PricingRegion is the region the Price List Query API is called in:
+	// us-east-1 (default), eu-central-1 or ap-south-1; the prices read
+	// are those of Region either way.
+	PricingRegion string `json:"pricingRegion,omitempty"`
 }
 
 // InstanceType is one EC2 instance type on offer, with its prices.
@@ -119,8 +132,12 @@ const providerKind = "aws"
 
 // Provider is the EC2 provider.
 type Provider struct {
-	cfg Config
-	api API
+	cfg     Config
+	api     API
+	pricing PricingAPI // nil: FetchPrices is unsupported
+
+	mu     sync.Mutex
+	prices *providers.PriceTable // the refreshed on-demand prices (UsePrices)
 }
 
 // New builds a provider with credentials from the SDK's default chain.
@@ -137,15 +154,22 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 			o.BaseEndpoint = awssdk.String(cfg.Endpoint)
 		}
 	})
-	return &Provider{cfg: cfg, api: client}, nil
+	prices := pricing.NewFromConfig(awsCfg, func(o *pricing.Options) {
+		o.Region = cfg.PricingRegion
+		if cfg.PricingEndpoint != "" {
+			o.BaseEndpoint = awssdk.String(cfg.PricingEndpoint)
+		}
+	})
+	return &Provider{cfg: cfg, api: client, pricing: prices}, nil
 }
 
-// NewWithAPI builds a provider on a given client.
-func NewWithAPI(cfg Config, api API) (*Provider, error) {
+// NewWithAPI builds a provider on given clients; prices may be nil (no
+// price list: FetchPrices fails with ErrUnsupported).
+func NewWithAPI(cfg Config, api API, prices PricingAPI) (*Provider, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	return &Provider{cfg: cfg, api: api}, nil
+	return &Provider{cfg: cfg, api: api, pricing: prices}, nil
 }
 
 // Validate checks the section as the broker config gives it (cluster
@@ -170,6 +194,11 @@ func (c *Config) Validate() error {
 			errs.Add(fmt.Sprintf("instanceTypes[%d]", i), "want a name, gpus >= 0 and an onDemandPrice or spotPrice above 0")
 		}
 	}
+	switch c.PricingRegion {
+	case "", "us-east-1", "eu-central-1", "ap-south-1":
+	default:
+		errs.Add("pricingRegion", "%q: the Price List Query API is served in us-east-1, eu-central-1 and ap-south-1 only", c.PricingRegion)
+	}
 	return errs.Err()
 }
 
@@ -181,6 +210,7 @@ func (c *Config) defaults() error {
 	c.SSHUser = cmp.Or(c.SSHUser, "ubuntu")
 	c.SSHPort = cmp.Or(c.SSHPort, 22)
 	c.Currency = cmp.Or(c.Currency, "USD")
+	c.PricingRegion = cmp.Or(c.PricingRegion, DefaultPricingRegion)
 	return nil
 }
 
@@ -188,16 +218,22 @@ func (c *Config) defaults() error {
 func (p *Provider) Name() string { return p.cfg.Name }
 
 // Offers lists each configured type in each zone, on-demand and spot where
-// a price is set. EC2 has no capacity API, so every offer is Available; a
-// launch that finds none fails with ErrInsufficientCapacity.
+// a price is set. On-demand offers carry the refreshed price list's price
+// where UsePrices gave one, spot offers the spot history's with
+// liveSpotPrices; each says which (PriceSource). EC2 has no capacity API,
+// so every offer is Available; a launch that finds none fails with
+// ErrInsufficientCapacity.
 func (p *Provider) Offers(ctx context.Context) ([]providers.Offer, error) {
-	var live map[string]billing.Amount
+	var live map[string]spotPrice
 	if p.cfg.LiveSpotPrices {
 		var err error
 		if live, err = p.spotPrices(ctx); err != nil {
 			return nil, err
 		}
 	}
+	p.mu.Lock()
+	table := p.prices
+	p.mu.Unlock()
 	var out []providers.Offer
 	for _, it := range p.cfg.InstanceTypes {
 		zones := it.Zones
@@ -213,16 +249,18 @@ func (p *Provider) Offers(ctx context.Context) ([]providers.Offer, error) {
 			}
 			if it.OnDemandPrice > 0 {
 				o := base
-				o.PricePerHour = it.OnDemandPrice
+				o.PricePerHour, o.PriceSource = it.OnDemandPrice, providers.PriceFromConfig
+				if v, ok := tablePrice(table, it.Name); ok {
+					o.PricePerHour, o.PriceSource, o.PricedAt = v, providers.PriceFromPriceList, table.FetchedAt
+				}
 				out = append(out, o)
 			}
-			spot := it.SpotPrice
-			if v, ok := live[it.Name+"/"+z]; ok {
-				spot = v
-			}
-			if spot > 0 {
+			if it.SpotPrice > 0 || live[it.Name+"/"+z].price > 0 {
 				o := base
-				o.Spot, o.PricePerHour = true, spot
+				o.Spot, o.PricePerHour, o.PriceSource = true, it.SpotPrice, providers.PriceFromConfig
+				if v, ok := live[it.Name+"/"+z]; ok {
+					o.PricePerHour, o.PriceSource, o.PricedAt = v.price, providers.PriceFromSpotHistory, v.at
+				}
 				out = append(out, o)
 			}
 		}
@@ -484,6 +522,13 @@ var errorCodes = providers.CodeTable{
 	"MissingParameter":                     providers.ErrInvalidRequest,
 	"InvalidAMIID.NotFound":                providers.ErrInvalidRequest,
 	"InvalidSubnetID.NotFound":             providers.ErrInvalidRequest,
+	// The Price List Query API's.
+	"AccessDeniedException":     providers.ErrUnauthorized,
+	"ThrottlingException":       providers.ErrUnavailable,
+	"InternalErrorException":    providers.ErrUnavailable,
+	"InvalidParameterException": providers.ErrInvalidRequest,
+	"InvalidNextTokenException": providers.ErrInvalidRequest,
+	"ExpiredNextTokenException": providers.ErrInvalidRequest,
 }
 
 // mapError turns an SDK error into a provider error by its API code; an
@@ -502,19 +547,24 @@ func mapError(op string, err error) error {
 	return errorCodes.Map(providerKind, op, apiErr.ErrorCode(), fallback, err)
 }
 
-var _ providers.Provider = (*Provider)(nil)
+var _ providers.PriceRefresher = (*Provider)(nil)
+
+// spotPrice is one spot price and when EC2 set it.
+type spotPrice struct {
+	price billing.Amount
+	at    time.Time
+}
 
 // spotPrices reads the newest spot price of every configured type in
 // every zone ("type/zone"), and the cheapest zone's under "type/".
-func (p *Provider) spotPrices(ctx context.Context) (map[string]billing.Amount, error) {
+func (p *Provider) spotPrices(ctx context.Context) (map[string]spotPrice, error) {
 	var types_ []types.InstanceType
 	for _, it := range p.cfg.InstanceTypes {
 		types_ = append(types_, types.InstanceType(it.Name))
 	}
 	in := &ec2.DescribeSpotPriceHistoryInput{InstanceTypes: types_, ProductDescriptions: []string{"Linux/UNIX"},
 		StartTime: awssdk.Time(time.Now())}
-	newest := map[string]time.Time{}
-	out := map[string]billing.Amount{}
+	out := map[string]spotPrice{}
 	for {
 		resp, err := p.api.DescribeSpotPriceHistory(ctx, in)
 		if err != nil {
@@ -527,10 +577,10 @@ func (p *Provider) spotPrices(ctx context.Context) (map[string]billing.Amount, e
 			}
 			key := string(sp.InstanceType) + "/" + awssdk.ToString(sp.AvailabilityZone)
 			at := awssdk.ToTime(sp.Timestamp)
-			if t, ok := newest[key]; ok && !at.After(t) {
+			if old, ok := out[key]; ok && !at.After(old.at) {
 				continue
 			}
-			newest[key], out[key] = at, price
+			out[key] = spotPrice{price: price, at: at}
 		}
 		if awssdk.ToString(resp.NextToken) == "" {
 			break
@@ -539,7 +589,7 @@ func (p *Provider) spotPrices(ctx context.Context) (map[string]billing.Amount, e
 	}
 	for key, v := range maps.Clone(out) {
 		typ, _, _ := strings.Cut(key, "/")
-		if old, ok := out[typ+"/"]; !ok || v < old {
+		if old, ok := out[typ+"/"]; !ok || v.price < old.price || (v.price == old.price && v.at.After(old.at)) {
 			out[typ+"/"] = v
 		}
 	}

@@ -86,11 +86,11 @@ func TestOffersComeFromConfig(t *testing.T) {
 	}
 	want := []providers.Offer{
 		{Provider: "aws-us-east-1", Region: "us-east-1", Zone: "us-east-1a", InstanceType: "p5.48xlarge", GPUModel: "H100", GPUs: 8,
-			GPUMemoryBytes: 80 << 30, CPUs: 192, MemoryBytes: 2048 << 30, PricePerHour: 98_320_000, Currency: "USD", Available: true},
+			GPUMemoryBytes: 80 << 30, CPUs: 192, MemoryBytes: 2048 << 30, PricePerHour: 98_320_000, Currency: "USD", Available: true, PriceSource: providers.PriceFromConfig},
 		{Provider: "aws-us-east-1", Region: "us-east-1", Zone: "us-east-1a", InstanceType: "p5.48xlarge", GPUModel: "H100", GPUs: 8,
-			GPUMemoryBytes: 80 << 30, CPUs: 192, MemoryBytes: 2048 << 30, Spot: true, PricePerHour: 40_000_000, Currency: "USD", Available: true},
+			GPUMemoryBytes: 80 << 30, CPUs: 192, MemoryBytes: 2048 << 30, Spot: true, PricePerHour: 40_000_000, Currency: "USD", Available: true, PriceSource: providers.PriceFromConfig},
 		{Provider: "aws-us-east-1", Region: "us-east-1", InstanceType: "g6.xlarge", GPUModel: "L4", GPUs: 1,
-			GPUMemoryBytes: 24 << 30, CPUs: 4, MemoryBytes: 16 << 30, PricePerHour: billing.Amount(805_000), Currency: "USD", Available: true},
+			GPUMemoryBytes: 24 << 30, CPUs: 4, MemoryBytes: 16 << 30, PricePerHour: billing.Amount(805_000), Currency: "USD", Available: true, PriceSource: providers.PriceFromConfig},
 	}
 	if diff := cmp.Diff(want, offers); diff != "" {
 		t.Errorf("offers (-want +got):\n%s", diff)

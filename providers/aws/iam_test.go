@@ -14,9 +14,11 @@ import (
 
 // TestIAMPolicyMatchesCalls: the IAM policy users paste
 // (deploy/aws/iam-policy.json, shown verbatim in docs/providers.md) allows
-// exactly the EC2 actions the adapter calls — the methods of its narrow
-// API interface — plus ec2:CreateTags only as part of RunInstances (tags
-// at launch). DescribeSpotPriceHistory prices spot offers (liveSpotPrices).
+// exactly the actions the adapter calls — the methods of its narrow API
+// (EC2) and PricingAPI (Price List Query API) interfaces — plus
+// ec2:CreateTags only as part of RunInstances (tags at launch).
+// DescribeSpotPriceHistory prices spot offers (liveSpotPrices),
+// pricing:GetProducts on-demand ones (`spillway offers refresh`).
 func TestIAMPolicyMatchesCalls(t *testing.T) {
 	raw, err := os.ReadFile("../../deploy/aws/iam-policy.json")
 	if err != nil {
@@ -54,10 +56,14 @@ func TestIAMPolicyMatchesCalls(t *testing.T) {
 			}
 		}
 	}
-	api := reflect.TypeOf((*aws.API)(nil)).Elem()
 	want := []string{"ec2:CreateTags"}
-	for i := range api.NumMethod() {
-		want = append(want, "ec2:"+api.Method(i).Name)
+	for _, api := range []struct {
+		service string
+		calls   reflect.Type
+	}{{"ec2", reflect.TypeOf((*aws.API)(nil)).Elem()}, {"pricing", reflect.TypeOf((*aws.PricingAPI)(nil)).Elem()}} {
+		for i := range api.calls.NumMethod() {
+			want = append(want, api.service+":"+api.calls.Method(i).Name)
+		}
 	}
 	sort.Strings(got)
 	sort.Strings(want)

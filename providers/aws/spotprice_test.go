@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/billing"
+	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/aws"
 	"github.com/spillway-dev/spillway/providers/fakecloud"
 	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
@@ -15,7 +16,8 @@ import (
 // TestSpotPricesFromHistory: with liveSpotPrices, spot offers carry the
 // newest DescribeSpotPriceHistory price of their type and zone (the
 // cheapest zone's for an offer without one); a type EC2 has no price for
-// keeps its configured spotPrice; on-demand prices are untouched.
+// keeps its configured spotPrice; on-demand prices are untouched. Each
+// offer says where its price comes from.
 func TestSpotPricesFromHistory(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	fake := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SpotPrices: []fakecloud.SpotPrice{
@@ -51,12 +53,20 @@ func TestSpotPricesFromHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]billing.Amount{}
+	sources := map[string]string{}
 	for _, o := range offers {
 		m := "od"
 		if o.Spot {
 			m = "spot"
 		}
 		got[o.InstanceType+"/"+o.Zone+"/"+m] = o.PricePerHour
+		sources[o.InstanceType+"/"+o.Zone+"/"+m] = providers.DescribePriceSource(o)
+	}
+	if s := sources["p5.48xlarge/us-east-1a/spot"]; s != "spot history at 2026-12-01T11:00:00Z" {
+		t.Errorf("p5.48xlarge spot price source %q", s)
+	}
+	if s := sources["g5.xlarge//spot"]; s != "config" {
+		t.Errorf("g5.xlarge spot price source %q, want config (EC2 has no history for it)", s)
 	}
 	if len(got) != len(want) {
 		t.Fatalf("offers %v, want %v", got, want)

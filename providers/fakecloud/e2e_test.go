@@ -144,7 +144,7 @@ func awsProvider(tb testing.TB, fake *fakecloud.EC2) *aws.Provider {
 	p, err := aws.NewWithAPI(aws.Config{
 		Cluster: "e2e", Region: "us-east-1", ImageID: "ami-0gpu", SSHUser: "root", SSHPort: fake.SSHPort(),
 		InstanceTypes: []aws.InstanceType{{Name: "g6.xlarge", GPUModel: "L4", GPUs: 1, GPUMemoryGiB: 24, OnDemandPrice: 805_000}},
-	}, fakecloud.EC2Client(fake))
+	}, fakecloud.EC2Client(fake), fakecloud.PricingClient(fake))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -40,6 +40,10 @@ type EC2Options struct {
 	BootTime, ShutdownTime time.Duration
 	// SpotPrices are what DescribeSpotPriceHistory answers, newest last.
 	SpotPrices []SpotPrice
+	// Prices are the on-demand Linux prices the same endpoint's Price
+	// List Query API (GetProducts, pricing.go) answers with; give the
+	// endpoint's URL as the provider's pricingEndpoint.
+	Prices []OnDemandPrice
 }
 
 // SpotPrice is one entry of the spot price history.
@@ -52,7 +56,9 @@ type SpotPrice struct {
 
 // EC2 is a fake EC2 Query API (form-encoded POST, XML answers) for the
 // calls Spillway makes: RunInstances, DescribeInstances,
-// TerminateInstances, GetConsoleOutput.
+// TerminateInstances, GetConsoleOutput, placement groups and the spot
+// price history; and, on the same endpoint, the Price List Query API's
+// GetProducts (JSON, told apart by its X-Amz-Target header).
 type EC2 struct {
 	// URL is the endpoint to give the SDK (BaseEndpoint).
 	URL string
@@ -223,6 +229,10 @@ func ec2ErrorStatus(code string) int {
 func (e *EC2) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	if target := r.Header.Get("X-Amz-Target"); target != "" {
+		e.servePricing(w, r, target)
 		return
 	}
 	if err := r.ParseForm(); err != nil {

@@ -227,7 +227,7 @@ func (p *Provider) Offers(ctx context.Context) ([]providers.Offer, error) {
 				Provider: p.cfg.Name, Region: p.cfg.Region, Zone: z, InstanceType: mt.Name,
 				GPUModel: mt.GPUModel, GPUs: mt.GPUs, GPUMemoryBytes: int64(mt.GPUMemoryGiB) << 30,
 				CPUs: mt.CPUs, MemoryBytes: int64(mt.MemoryGiB) << 30,
-				Currency: p.cfg.Currency, Available: true,
+				Currency: p.cfg.Currency, Available: true, PriceSource: providers.PriceFromConfig,
 			}
 			if mt.OnDemandPrice > 0 {
 				o := base

@@ -288,7 +288,7 @@ func (p *Provider) Offers(ctx context.Context) ([]providers.Offer, error) {
 				GPUModel: model, GPUs: it.Specs.GPUs, GPUMemoryBytes: mem,
 				CPUs: it.Specs.VCPUs, MemoryBytes: int64(it.Specs.MemoryGiB) << 30,
 				PricePerHour: billing.Amount(it.PriceCentsPerHour * (billing.MicrosPerUnit / 100)),
-				Currency:     "USD", Available: true,
+				Currency:     "USD", Available: true, PriceSource: providers.PriceFromAPI,
 			})
 		}
 	}

@@ -92,9 +92,9 @@ func TestOffersFollowCapacityAndPrices(t *testing.T) {
 	}
 	want := []providers.Offer{
 		{Provider: "lambda", Region: "us-east-1", InstanceType: "gpu_1x_h100_pcie", GPUModel: "H100", GPUs: 1, GPUMemoryBytes: 80 << 30,
-			CPUs: 26, MemoryBytes: 200 << 30, PricePerHour: 2_490_000, Currency: "USD", Available: true},
+			CPUs: 26, MemoryBytes: 200 << 30, PricePerHour: 2_490_000, Currency: "USD", Available: true, PriceSource: providers.PriceFromAPI},
 		{Provider: "lambda", Region: "us-east-1", InstanceType: "gpu_8x_h100_sxm5", GPUModel: "H100", GPUs: 8, GPUMemoryBytes: 80 << 30,
-			CPUs: 208, MemoryBytes: 1800 << 30, PricePerHour: 23_920_000, Currency: "USD", Available: true},
+			CPUs: 208, MemoryBytes: 1800 << 30, PricePerHour: 23_920_000, Currency: "USD", Available: true, PriceSource: providers.PriceFromAPI},
 	}
 	if diff := cmp.Diff(want, offers); diff != "" {
 		t.Errorf("offers (-want +got):\n%s", diff)

@@ -199,7 +199,7 @@ func (p *Provider) Offers(ctx context.Context) ([]providers.Offer, error) {
 			GPUModel: h.GPUModel, GPUs: h.GPUs, GPUMemoryBytes: int64(h.GPUMemoryGiB) << 30,
 			CPUs: h.CPUs, MemoryBytes: int64(h.MemoryGiB) << 30,
 			PricePerHour: h.PricePerGPUHour * billing.Amount(h.GPUs), Currency: p.cfg.Currency,
-			Prepaid: true, Available: !claimed && !p.draining(h), LeaseEnds: &ends,
+			PriceSource: providers.PriceFromConfig, Prepaid: true, Available: !claimed && !p.draining(h), LeaseEnds: &ends,
 		})
 	}
 	return out, nil

@@ -67,10 +67,10 @@ func TestOffersArePrepaidAndDrainBeforeLeaseEnd(t *testing.T) {
 	end1, end2 := time.Date(2026, 12, 31, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)
 	want := []providers.Offer{
 		{Provider: "colo", Region: "fra1", InstanceType: "box-1", GPUModel: "H100", GPUs: 8, GPUMemoryBytes: 80 << 30, CPUs: 192,
-			MemoryBytes: 2048 << 30, PricePerHour: 8_800_000, Currency: "USD", Prepaid: true, Available: true, LeaseEnds: &end1},
+			MemoryBytes: 2048 << 30, PricePerHour: 8_800_000, Currency: "USD", PriceSource: providers.PriceFromConfig, Prepaid: true, Available: true, LeaseEnds: &end1},
 		// Its lease ends in 24h, inside the 48h drain margin.
 		{Provider: "colo", Region: "fra1", InstanceType: "box-2", GPUModel: "A100-80GB", GPUs: 4, GPUMemoryBytes: 80 << 30,
-			PricePerHour: 3_600_000, Currency: "USD", Prepaid: true, Available: false, LeaseEnds: &end2},
+			PricePerHour: 3_600_000, Currency: "USD", PriceSource: providers.PriceFromConfig, Prepaid: true, Available: false, LeaseEnds: &end2},
 	}
 	if diff := cmp.Diff(want, offers); diff != "" {
 		t.Errorf("offers (-want +got):\n%s", diff)
