@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -132,3 +133,48 @@ func (j *Job) Lose(lostAt, now time.Time, reason, detail string) {
 // burst machine is being reclaimed by the provider (agentapi uses the
 // same word on the wire). Such a job keeps its original wait.
 const ReasonSpotReclaim = "spot_reclaim"
+
+// EndReclaimed ends an attempt stopped because its spot machine was taken
+// back by the provider (Stop.Reason ReasonSpotReclaim), at ended: back to
+// the queue at the head of its class (ReasonSpotReclaim keeps the job's
+// wait, WaitingSince), to resume from its last committed checkpoint on
+// another machine. exit describes how the attempt ended. It returns the
+// work lost: the time from the last committed checkpoint (or the
+// attempt's start) to ended, recorded in the history. The broker (an
+// agent's end report) and the simulator both end reclaimed attempts with
+// it.
+func (j *Job) EndReclaimed(ended time.Time, exit string) time.Duration {
+	saved := j.StartedAt
+	if j.LastCheckpointAt != nil && (saved == nil || j.LastCheckpointAt.After(*saved)) {
+		saved = j.LastCheckpointAt
+	}
+	var lost time.Duration
+	why := "no work lost: the checkpoint was committed after the job stopped"
+	if saved != nil && ended.After(*saved) {
+		lost = ended.Sub(*saved)
+		why = fmt.Sprintf("lost work: %s since its last checkpoint", FormatDuration(lost.Truncate(time.Second)))
+	}
+	detail := ""
+	if j.Stop != nil {
+		detail = j.Stop.Detail
+	}
+	j.Transit(ended, StatePreempted, ReasonSpotReclaim, joinDetail(detail, joinDetail(why, exit)))
+	from := "its last checkpoint"
+	if j.Data != nil && cmp.Or(j.Data.Checkpoint, j.Data.Restored) != "" {
+		from = "checkpoint " + cmp.Or(j.Data.Checkpoint, j.Data.Restored)
+	}
+	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Transit(ended, StatePending, "requeued", "resumes from "+from+" on another machine")
+	return lost
+}
+
+// joinDetail joins two parts of a transition's detail with "; ".
+func joinDetail(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
+}

@@ -92,6 +92,9 @@ type Controller struct {
 	// Zone is the billing time zone: budget months begin at its midnight.
 	Zone     *time.Location
 	Currency string
+	// OfferCoolDown is how long an offer stays out of decisions after
+	// one of its spot machines is reclaimed (burst.offerCoolDown).
+	OfferCoolDown time.Duration
 }
 
 func (c *Controller) zone() *time.Location {
