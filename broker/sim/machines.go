@@ -64,6 +64,7 @@ func (e *engine) burst() {
 		return
 	}
 	in := e.ctl.Input(e.now, e.active, budgets)
+	in.CoolDowns = e.coolDowns
 	e.ctl.SpillInput(in, e.meterCfg.OnPrem, e.homeNodes)
 	d := burst.Decide(in)
 	e.active = d.Active
@@ -344,6 +345,7 @@ func (f simFleet) Launch(ctx context.Context, id string) {
 		}
 		m := e.machineByID(id)
 		e.push(event{at: e.now.Add(e.leadTime(m.rec.Offer)), kind: evReady, m: m})
+		e.drawReclaim(m)
 		return
 	}
 }

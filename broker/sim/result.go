@@ -94,6 +94,14 @@ type Result struct {
 	OwnedIdleShare        float64 `json:"ownedIdleShare"`
 	// SpillBacks are the jobs moved from burst machines home.
 	SpillBacks int `json:"spillBacks"`
+	// Reclaims are the spot machines the providers took back (drawn from
+	// the offers' reclaimsPerHour); ReclaimedAttempts the attempts they
+	// ended, each requeued to resume from its last checkpoint; and
+	// ReclaimLostGPUHours the work those attempts lost (from their last
+	// committed checkpoint to their end).
+	Reclaims            int     `json:"reclaims,omitempty"`
+	ReclaimedAttempts   int     `json:"reclaimedAttempts,omitempty"`
+	ReclaimLostGPUHours float64 `json:"reclaimLostGPUHours,omitempty"`
 	// BurstCost is UsageCost + OverheadCost, priced by billing.Meter.
 	BurstCost    billing.Amount `json:"burstCost"`
 	UsageCost    billing.Amount `json:"usageCost"`
