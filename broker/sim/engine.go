@@ -49,6 +49,9 @@ type Options struct {
 	RecordMachines bool
 	// MeterOwned prices the on-prem attempts too (Result.OwnedCost).
 	MeterOwned bool
+	// Prices is a live-price series (LoadPrices), in time order: the
+	// offers' prices change as virtual time passes.
+	Prices []PriceChange
 }
 
 // Start is one start of a job, as the simulator decided it.
@@ -178,6 +181,8 @@ type engine struct {
 	// coolDowns keep offers out of decisions after a reclaim (the
 	// broker's offer cool-downs; burst.OfferSkip reads them).
 	coolDowns map[string]burst.CoolDown
+	// nextPrice is the first change of Options.Prices not yet applied.
+	nextPrice int
 	meterCfg  billing.MeterConfig
 	waiting   []burstctl.Waiting
 	// err is the first error of the in-memory fleet.
@@ -249,6 +254,9 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 	e.meterCfg.Currency, e.meterCfg.Overhead = c.Currency, c.Overhead
 	if e.meterCfg.Slice == 0 {
 		e.meterCfg.Slice = billing.DefaultSlice
+	}
+	if err := CheckPrices(opt.Prices, c.Offers); err != nil {
+		return nil, fmt.Errorf("prices: %w", err)
 	}
 	start := tr.Jobs[0].Submit
 	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {

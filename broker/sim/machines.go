@@ -63,6 +63,7 @@ func (e *engine) burst() {
 		e.fail(err)
 		return
 	}
+	e.applyPrices()
 	in := e.ctl.Input(e.now, e.active, budgets)
 	in.CoolDowns = e.coolDowns
 	e.ctl.SpillInput(in, e.meterCfg.OnPrem, e.homeNodes)
