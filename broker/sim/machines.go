@@ -69,6 +69,14 @@ func (e *engine) burst() {
 	e.ctl.SpillInput(in, e.meterCfg.OnPrem, e.homeNodes)
 	d := burst.Decide(in)
 	e.active = d.Active
+	if len(d.StayRules) > 0 && e.ownedIdleForBurst() > 0 {
+		if e.res.SpillBackRefusals == nil {
+			e.res.SpillBackRefusals = map[string]int{}
+		}
+		for _, rule := range d.StayRules {
+			e.res.SpillBackRefusals[rule]++
+		}
+	}
 	if err := e.ctl.Apply(ctx, e.now, &d); err != nil {
 		e.fail(err)
 		return
