@@ -33,10 +33,15 @@ func (j *Job) Clone() *Job {
 
 // WaitingSince is when a job last entered the queue. A job that was
 // preempted keeps its original wait, so once its checkpoint grace is over
-// it may resume on burst capacity at once instead of waiting for on-prem.
+// it may resume on burst capacity at once instead of waiting for on-prem —
+// except a job moved home by spill-back (ReasonSpillBack): the move bet
+// on the owned GPUs, so it waits for them anew before it bursts again.
 func (j *Job) WaitingSince() time.Time {
 	for i := len(j.History) - 1; i >= 0; i-- {
 		if j.History[i].To == StatePending {
+			if j.History[i].From == StatePreempted && i > 0 && j.History[i-1].Reason == ReasonSpillBack {
+				return j.History[i].At
+			}
 			if j.History[i].From == StatePreempted || j.History[i].Reason == ReasonSpotReclaim {
 				return j.SubmittedAt
 			}
@@ -133,6 +138,10 @@ func (j *Job) Lose(lostAt, now time.Time, reason, detail string) {
 // burst machine is being reclaimed by the provider (agentapi uses the
 // same word on the wire). Such a job keeps its original wait.
 const ReasonSpotReclaim = "spot_reclaim"
+
+// ReasonSpillBack is the stop reason of an attempt stopped to move the job
+// from a burst machine home (burst.StopSpillBack).
+const ReasonSpillBack = "spill_back"
 
 // EndReclaimed ends an attempt stopped because its spot machine was taken
 // back by the provider (Stop.Reason ReasonSpotReclaim), at ended: back to

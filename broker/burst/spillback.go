@@ -13,7 +13,7 @@ import (
 
 // StopSpillBack is the Stop reason (and the reason of the job's
 // preempted transition) of a machine whose jobs move home.
-const StopSpillBack = "spill_back"
+const StopSpillBack = broker.ReasonSpillBack
 
 // SpillBackPolicy configures moving checkpointable jobs from burst
 // machines back to owned GPUs once those stand idle (docs/bursting.md).
