@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -32,10 +33,15 @@ func (j *Job) Clone() *Job {
 
 // WaitingSince is when a job last entered the queue. A job that was
 // preempted keeps its original wait, so once its checkpoint grace is over
-// it may resume on burst capacity at once instead of waiting for on-prem.
+// it may resume on burst capacity at once instead of waiting for on-prem —
+// except a job moved home by spill-back (ReasonSpillBack): the move bet
+// on the owned GPUs, so it waits for them anew before it bursts again.
 func (j *Job) WaitingSince() time.Time {
 	for i := len(j.History) - 1; i >= 0; i-- {
 		if j.History[i].To == StatePending {
+			if j.History[i].From == StatePreempted && i > 0 && j.History[i-1].Reason == ReasonSpillBack {
+				return j.History[i].At
+			}
 			if j.History[i].From == StatePreempted || j.History[i].Reason == ReasonSpotReclaim {
 				return j.SubmittedAt
 			}
@@ -132,3 +138,52 @@ func (j *Job) Lose(lostAt, now time.Time, reason, detail string) {
 // burst machine is being reclaimed by the provider (agentapi uses the
 // same word on the wire). Such a job keeps its original wait.
 const ReasonSpotReclaim = "spot_reclaim"
+
+// ReasonSpillBack is the stop reason of an attempt stopped to move the job
+// from a burst machine home (burst.StopSpillBack).
+const ReasonSpillBack = "spill_back"
+
+// EndReclaimed ends an attempt stopped because its spot machine was taken
+// back by the provider (Stop.Reason ReasonSpotReclaim), at ended: back to
+// the queue at the head of its class (ReasonSpotReclaim keeps the job's
+// wait, WaitingSince), to resume from its last committed checkpoint on
+// another machine. exit describes how the attempt ended. It returns the
+// work lost: the time from the last committed checkpoint (or the
+// attempt's start) to ended, recorded in the history. The broker (an
+// agent's end report) and the simulator both end reclaimed attempts with
+// it.
+func (j *Job) EndReclaimed(ended time.Time, exit string) time.Duration {
+	saved := j.StartedAt
+	if j.LastCheckpointAt != nil && (saved == nil || j.LastCheckpointAt.After(*saved)) {
+		saved = j.LastCheckpointAt
+	}
+	var lost time.Duration
+	why := "no work lost: the checkpoint was committed after the job stopped"
+	if saved != nil && ended.After(*saved) {
+		lost = ended.Sub(*saved)
+		why = fmt.Sprintf("lost work: %s since its last checkpoint", FormatDuration(lost.Truncate(time.Second)))
+	}
+	detail := ""
+	if j.Stop != nil {
+		detail = j.Stop.Detail
+	}
+	j.Transit(ended, StatePreempted, ReasonSpotReclaim, joinDetail(detail, joinDetail(why, exit)))
+	from := "its last checkpoint"
+	if j.Data != nil && cmp.Or(j.Data.Checkpoint, j.Data.Restored) != "" {
+		from = "checkpoint " + cmp.Or(j.Data.Checkpoint, j.Data.Restored)
+	}
+	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Transit(ended, StatePending, "requeued", "resumes from "+from+" on another machine")
+	return lost
+}
+
+// joinDetail joins two parts of a transition's detail with "; ".
+func joinDetail(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
+}

@@ -204,11 +204,14 @@ type Decision struct {
 	// Reasons says, for every waiting burst-eligible job that is neither
 	// launched for nor bound, why not.
 	Reasons map[string]broker.PendingReason `json:"reasons,omitempty"`
-	// SpillBacks are the machines whose jobs move home (each also a Stop
-	// with reason StopSpillBack); Stays says, per ready machine spill-back
+	// SpillBacks are the machines whose jobs move home (a whole machine
+	// also a Stop with reason StopSpillBack; a partial move stops only
+	// its jobs, burstctl.Apply); Stays says, per ready machine spill-back
 	// weighed and kept, why.
 	SpillBacks []SpillBack       `json:"spillBacks,omitempty"`
 	Stays      map[string]string `json:"stays,omitempty"`
+	// StayRules is, per machine in Stays, the rule that keeps it (Stay*).
+	StayRules map[string]string `json:"stayRules,omitempty"`
 }
 
 // Reason codes the decision puts on waiting jobs.
@@ -253,10 +256,12 @@ func Decide(in *Input) Decision {
 	for _, s := range d.Stops {
 		stopping[s.Machine] = true
 	}
-	d.SpillBacks, d.Stays = spillBack(in, stopping)
+	d.SpillBacks, d.Stays, d.StayRules = spillBack(in, stopping)
 	for _, sb := range d.SpillBacks {
-		stopping[sb.Machine] = true
-		d.Stops = append(d.Stops, Stop{Machine: sb.Machine, Reason: StopSpillBack, Detail: sb.Detail})
+		if sb.Whole { // the machine drains and ends; otherwise its jobs move one by one (burstctl)
+			stopping[sb.Machine] = true
+			d.Stops = append(d.Stops, Stop{Machine: sb.Machine, Reason: StopSpillBack, Detail: sb.Detail})
+		}
 	}
 
 	offers := usableOffers(in)

@@ -13,7 +13,7 @@ import (
 
 // StopSpillBack is the Stop reason (and the reason of the job's
 // preempted transition) of a machine whose jobs move home.
-const StopSpillBack = "spill_back"
+const StopSpillBack = broker.ReasonSpillBack
 
 // SpillBackPolicy configures moving checkpointable jobs from burst
 // machines back to owned GPUs once those stand idle (docs/bursting.md).
@@ -58,6 +58,19 @@ type Running struct {
 	LastMoved time.Time `json:"lastMoved,omitzero"`
 }
 
+// Spill-back's rules: why a ready burst machine's jobs stay on it
+// (Decision.StayRules; Decision.Stays has the detail for people).
+const (
+	StayJobsWait      = "jobs_wait"        // a job waiting on-prem could use the idle owned GPUs
+	StayStarting      = "starting"         // a job bound to the machine has not started
+	StayNoCheckpoint  = "no_checkpoint"    // a job has no checkpoint in object storage
+	StayStopping      = "stopping"         // a job is already stopping
+	StayMovedRecently = "moved_recently"   // a job moved home within minInterval
+	StayPastTime      = "past_time"        // a job is past its declared time
+	StaySaving        = "saving_too_small" // the saving does not beat the move's cost × (1 + margin)
+	StayNoFit         = "no_fit"           // the jobs do not fit on the idle owned GPUs
+)
+
 // HomeNode is an owned node's free GPUs.
 type HomeNode struct {
 	Name      string `json:"name"`
@@ -66,10 +79,14 @@ type HomeNode struct {
 	GPUMemory int64  `json:"gpuMemory,omitempty"`
 }
 
-// SpillBack moves a burst machine's jobs home and ends the machine.
+// SpillBack moves a burst machine's jobs home: all of them (Whole: the
+// machine drains and ends), or those with the most time left, when the
+// machine would otherwise run on for them (the others keep it until they
+// end; its freed cards may take other jobs).
 type SpillBack struct {
 	Machine string     `json:"machine"`
 	Jobs    []SpillJob `json:"jobs"`
+	Whole   bool       `json:"whole,omitempty"`
 	// Saving is the expected saving: what the machine would still cost
 	// for its jobs' remaining declared time, less what the same GPU-time
 	// costs at home. Cost is the move's: grace, staging and the work since
@@ -89,37 +106,53 @@ type SpillJob struct {
 }
 
 // spillBack picks the burst machines whose jobs move home now: only when
-// nothing waits on-prem, every job on the machine is checkpointable, not
-// moved within MinInterval and fits on idle owned GPUs, and the expected
-// saving beats the cost by the margin. Machines go in order of net saving
+// no waiting job could use the idle owned GPUs; of a machine, the jobs
+// with the most time left that are checkpointable, not moved within
+// MinInterval and fit on idle owned GPUs, when the expected saving beats
+// the cost by the margin (all of them: the machine ends). Machines go in order of net saving
 // (then id), each taking its owned GPUs before the next. It returns the
-// moves and, per ready machine considered and kept, why it stays.
-func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]string) {
+// moves and, per ready machine considered and kept, why it stays and the
+// rule (Stay*).
+func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]string, map[string]string) {
 	sp := in.Policy.SpillBack
 	if !sp.Enabled || len(in.Running) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	stays := map[string]string{}
+	stays, rules := map[string]string{}, map[string]string{}
+	stay := func(id, rule, why string) { stays[id], rules[id] = why, rule }
+	// A waiting job that could use the idle owned GPUs gets them: nothing
+	// moves. Jobs too big for them (or for another model) do not hold the
+	// moves back: the cards would stand idle for them anyway.
 	for _, j := range in.Pending {
-		if j.Machine == "" {
+		if j.Machine == "" && fitsHome(in.Home, j) {
 			for _, m := range in.Machines {
-				if m.State == broker.MachineReady && len(m.Jobs) > 0 {
-					stays[m.ID] = "jobs wait on-prem"
+				if m.State == broker.MachineReady && len(m.Jobs) > 0 && !stopping[m.ID] {
+					stay(m.ID, StayJobsWait, fmt.Sprintf("jobs wait on-prem (%s fits the idle owned GPUs)", j.ID))
 				}
 			}
-			return nil, stays
+			return nil, stays, rules
 		}
 	}
 	byMachine := map[string][]Running{}
 	for _, r := range in.Running {
 		byMachine[r.Machine] = append(byMachine[r.Machine], r)
 	}
-	type cand struct {
-		m            *Machine
+	// An option moves the k jobs with the most time left (movable ones,
+	// largest remaining first) and leaves the rest: the machine then runs
+	// until the longest remaining job it keeps ends (all moved: it ends
+	// now), so the saving is its price over the time cut, less the moved
+	// GPU-time at the owned rate; the cost is the moved jobs' grace,
+	// staging and lost work at the machine's rate per GPU-hour.
+	type option struct {
 		jobs         []Running
-		saving, cost billing.Amount
 		remaining    []time.Duration
 		lost         []time.Duration
+		saving, cost billing.Amount
+		whole        bool
+	}
+	type cand struct {
+		m    *Machine
+		opts []option // each beats the margin, best net saving first
 	}
 	var cands []cand
 	for i := range in.Machines {
@@ -129,14 +162,16 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 			continue
 		}
 		if len(jobs) != len(m.Jobs) {
-			stays[m.ID] = "jobs are still starting on it"
+			stay(m.ID, StayStarting, "jobs are still starting on it")
 			continue
 		}
-		c := cand{m: m, jobs: jobs}
-		why := ""
-		var longest time.Duration
-		gpuMs := int64(0) // Σ GPUs × remaining, ms
-		costMs := int64(0)
+		type mv struct {
+			r         Running
+			rem, lost time.Duration
+		}
+		var movable []mv
+		var kept time.Duration // the longest time left of a job that cannot move
+		why, rule := "", ""
 		for _, r := range jobs {
 			rem := r.StartedAt.Add(r.Timeout).Sub(in.Now)
 			lost := in.Now.Sub(maxTime(r.StartedAt, r.LastCheckpoint))
@@ -144,44 +179,81 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 				lost = min(lost, r.CheckpointEvery)
 			}
 			lost = max(lost, 0)
+			jwhy, jrule := "", ""
 			switch {
 			case !r.Checkpointable:
-				why = fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID)
+				jrule, jwhy = StayNoCheckpoint, fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID)
 			case r.Stopping:
-				why = fmt.Sprintf("job %s is stopping", r.ID)
+				jrule, jwhy = StayStopping, fmt.Sprintf("job %s is stopping", r.ID)
 			case !r.LastMoved.IsZero() && in.Now.Sub(r.LastMoved) < sp.MinInterval:
-				why = fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
+				jrule, jwhy = StayMovedRecently, fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
 					broker.FormatDuration(in.Now.Sub(r.LastMoved).Truncate(time.Second)), broker.FormatDuration(sp.MinInterval))
 			case rem <= 0:
-				why = fmt.Sprintf("job %s is past its declared time", r.ID)
+				jrule, jwhy = StayPastTime, fmt.Sprintf("job %s is past its declared time", r.ID)
 			}
-			if why != "" {
-				break
+			if jwhy != "" {
+				if why == "" {
+					why, rule = jwhy, jrule
+				}
+				kept = max(kept, rem)
+				continue
 			}
-			longest = max(longest, rem)
-			gpuMs += int64(r.GPUs) * rem.Milliseconds()
-			costMs += int64(r.GPUs) * (r.Grace + sp.Staging + lost).Milliseconds()
-			c.remaining = append(c.remaining, rem)
-			c.lost = append(c.lost, lost)
+			movable = append(movable, mv{r, rem, lost})
 		}
-		if why != "" {
-			stays[m.ID] = why
+		if len(movable) == 0 {
+			stay(m.ID, rule, why)
 			continue
 		}
+		slices.SortStableFunc(movable, func(a, b mv) int {
+			if c := cmp.Compare(b.rem, a.rem); c != 0 {
+				return c
+			}
+			return strings.Compare(a.r.ID, b.r.ID)
+		})
+		longest := max(kept, movable[0].rem)
 		perGPU := m.Offer.PricePerGPUHour()
-		c.saving = m.Offer.PricePerHour.MulDiv(longest.Milliseconds(), billing.MillisPerHour) -
-			in.HomeRate.MulDiv(gpuMs, billing.MillisPerHour)
-		c.cost = perGPU.MulDiv(costMs, billing.MillisPerHour)
-		need := c.cost + billing.Amount(float64(c.cost)*sp.Margin)
-		if c.saving <= need {
-			stays[m.ID] = fmt.Sprintf("expected saving %s %s does not beat the move's cost %s × (1 + margin %g)",
-				Money(c.saving), in.Currency, Money(c.cost), sp.Margin)
+		var opts []option
+		best := option{}
+		gpuMs, costMs := int64(0), int64(0) // Σ GPUs × remaining, Σ GPUs × move time, ms
+		for k := 1; k <= len(movable); k++ {
+			x := movable[k-1]
+			gpuMs += int64(x.r.GPUs) * x.rem.Milliseconds()
+			costMs += int64(x.r.GPUs) * (x.r.Grace + sp.Staging + x.lost).Milliseconds()
+			life := kept
+			if k < len(movable) {
+				life = max(life, movable[k].rem)
+			}
+			o := option{whole: k == len(movable) && kept == 0 && why == ""}
+			o.saving = m.Offer.PricePerHour.MulDiv((longest-life).Milliseconds(), billing.MillisPerHour) -
+				in.HomeRate.MulDiv(gpuMs, billing.MillisPerHour)
+			o.cost = perGPU.MulDiv(costMs, billing.MillisPerHour)
+			if k == 1 || o.saving-o.cost > best.saving-best.cost {
+				best = o
+			}
+			if o.saving <= o.cost+billing.Amount(float64(o.cost)*sp.Margin) {
+				continue
+			}
+			for _, y := range movable[:k] {
+				o.jobs = append(o.jobs, y.r)
+				o.remaining = append(o.remaining, y.rem)
+				o.lost = append(o.lost, y.lost)
+			}
+			opts = append(opts, o)
+		}
+		if len(opts) == 0 {
+			if why != "" {
+				stay(m.ID, rule, why)
+			} else {
+				stay(m.ID, StaySaving, fmt.Sprintf("expected saving %s %s does not beat the move's cost %s × (1 + margin %g)",
+					Money(best.saving), in.Currency, Money(best.cost), sp.Margin))
+			}
 			continue
 		}
-		cands = append(cands, c)
+		slices.SortStableFunc(opts, func(a, b option) int { return cmp.Compare(b.saving-b.cost, a.saving-a.cost) })
+		cands = append(cands, cand{m: m, opts: opts})
 	}
 	slices.SortFunc(cands, func(a, b cand) int {
-		if c := cmp.Compare(b.saving-b.cost, a.saving-a.cost); c != 0 {
+		if c := cmp.Compare(b.opts[0].saving-b.opts[0].cost, a.opts[0].saving-a.opts[0].cost); c != 0 {
 			return c
 		}
 		return strings.Compare(a.m.ID, b.m.ID)
@@ -189,22 +261,34 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 	free := slices.Clone(in.Home)
 	var out []SpillBack
 	for _, c := range cands {
-		placed, ok := placeHome(free, c.jobs)
-		if !ok {
-			stays[c.m.ID] = "its jobs do not fit on the idle owned GPUs"
+		moved := false
+		for _, o := range c.opts {
+			placed, ok := placeHome(free, o.jobs)
+			if !ok {
+				continue
+			}
+			sb := SpillBack{Machine: c.m.ID, Saving: o.saving, Cost: o.cost, Whole: o.whole}
+			for i, r := range o.jobs {
+				n := &free[placed[i]]
+				n.Free -= r.GPUs
+				sb.Jobs = append(sb.Jobs, SpillJob{Job: r.ID, Node: n.Name, GPUs: r.GPUs, Remaining: o.remaining[i], LostWork: o.lost[i]})
+			}
+			sb.Detail = fmt.Sprintf("moving home: expected saving %s %s, move cost %s %s", Money(o.saving), in.Currency, Money(o.cost), in.Currency)
+			if !o.whole {
+				sb.Detail += fmt.Sprintf(" (%d of the machine's %d jobs)", len(o.jobs), len(c.m.Jobs))
+			}
+			out = append(out, sb)
+			moved = true
+			break
+		}
+		if !moved {
+			stay(c.m.ID, StayNoFit, "its jobs do not fit on the idle owned GPUs")
 			continue
 		}
-		sb := SpillBack{Machine: c.m.ID, Saving: c.saving, Cost: c.cost}
-		for i, r := range c.jobs {
-			n := &free[placed[i]]
-			n.Free -= r.GPUs
-			sb.Jobs = append(sb.Jobs, SpillJob{Job: r.ID, Node: n.Name, GPUs: r.GPUs, Remaining: c.remaining[i], LostWork: c.lost[i]})
-		}
-		sb.Detail = fmt.Sprintf("moving home: expected saving %s %s, move cost %s %s", Money(c.saving), in.Currency, Money(c.cost), in.Currency)
-		out = append(out, sb)
 		delete(stays, c.m.ID)
+		delete(rules, c.m.ID)
 	}
-	return out, stays
+	return out, stays, rules
 }
 
 // placeHome finds an owned node for each job (largest first, each on the
@@ -239,6 +323,19 @@ func placeHome(free []HomeNode, jobs []Running) ([]int, bool) {
 		at[k] = best
 	}
 	return at, true
+}
+
+// fitsHome reports whether waiting job j fits on the idle owned GPUs:
+// j.Nodes nodes each with j.GPUs free of its model and memory.
+func fitsHome(home []HomeNode, j Job) bool {
+	r := Running{GPUModel: j.GPUModel, GPUMemory: j.GPUMemory}
+	n := 0
+	for _, h := range home {
+		if h.Free >= j.GPUs && homeFits(h, r) {
+			n++
+		}
+	}
+	return n >= max(1, j.Nodes)
 }
 
 func homeFits(n HomeNode, r Running) bool {

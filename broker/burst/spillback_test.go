@@ -161,3 +161,69 @@ func TestLastSpillBack(t *testing.T) {
 		t.Fatalf("last spill-back %s", got)
 	}
 }
+
+// A waiting job too big for the idle owned GPUs (or for another model)
+// does not hold the move back; one that fits does.
+func TestSpillBackWaitingJobsThatCannotUseTheIdleCards(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		w    Job
+		move bool
+	}{
+		{"fits", mk("w").gpus(8).obj(), false},
+		{"too big for the free node", mk("w").gpus(16).obj(), true},
+		{"another model", mk("w").model("A100").obj(), true},
+		{"a gang of two nodes, one free", func() Job { j := mk("w").gpus(8).obj(); j.Nodes = 2; return j }(), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := spillInput()
+			in.Pending = []Job{c.w}
+			d := Decide(in)
+			if got := len(d.SpillBacks) == 1; got != c.move {
+				t.Fatalf("moved %v, want %v (stays %v)", got, c.move, d.Stays)
+			}
+			if !c.move && d.StayRules["m1"] != StayJobsWait {
+				t.Errorf("rule %q, want %q", d.StayRules["m1"], StayJobsWait)
+			}
+		})
+	}
+}
+
+// Of a machine with a long job and a short one that cannot move (another
+// model than the owned GPUs), the long one moves alone: the machine runs
+// on only for the short one, and is not stopped.
+func TestSpillBackMovesPartOfAMachine(t *testing.T) {
+	in := spillInput()
+	in.Machines[0].Jobs = []string{"r1", "r2"}
+	in.Machines[0].GPUsUsed = 8
+	r2 := runningJob("r2", "m1", 4)
+	r2.GPUModel, r2.Timeout = "A100", 2*time.Hour // 1h left
+	in.Running = append(in.Running, r2)
+	d := Decide(in)
+	if len(d.SpillBacks) != 1 {
+		t.Fatalf("spill-backs %+v, stays %v", d.SpillBacks, d.Stays)
+	}
+	sb := d.SpillBacks[0]
+	if sb.Whole || len(sb.Jobs) != 1 || sb.Jobs[0].Job != "r1" {
+		t.Fatalf("spill-back %+v: want r1 alone", sb)
+	}
+	// The machine's 98.32/h for the 8h cut (9h → 1h), less 4 GPUs × 9h at 2.00.
+	if got, want := sb.Saving, usd("714.56"); got != want {
+		t.Errorf("saving %s, want %s", got, want)
+	}
+	if len(d.Stops) != 0 {
+		t.Errorf("stops %+v: the machine stays for r2", d.Stops)
+	}
+	if !strings.Contains(sb.Detail, "(1 of the machine's 2 jobs)") {
+		t.Errorf("detail %q", sb.Detail)
+	}
+
+	// When the job that cannot move has the most time left, moving the
+	// other saves nothing: the machine stays, with that job's rule.
+	in.Running[1].Timeout = 20 * time.Hour
+	in.Running[1].Checkpointable = false
+	d = Decide(in)
+	if len(d.SpillBacks) != 0 || d.StayRules["m1"] != StayNoCheckpoint {
+		t.Fatalf("spill-backs %+v, rules %v", d.SpillBacks, d.StayRules)
+	}
+}

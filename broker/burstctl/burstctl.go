@@ -92,6 +92,9 @@ type Controller struct {
 	// Zone is the billing time zone: budget months begin at its midnight.
 	Zone     *time.Location
 	Currency string
+	// OfferCoolDown is how long an offer stays out of decisions after
+	// one of its spot machines is reclaimed (burst.offerCoolDown).
+	OfferCoolDown time.Duration
 }
 
 func (c *Controller) zone() *time.Location {
@@ -208,6 +211,13 @@ func (c *Controller) Apply(ctx context.Context, now time.Time, d *burst.Decision
 			return err
 		}
 	}
+	for _, sb := range d.SpillBacks {
+		if !sb.Whole {
+			if err := c.moveHome(ctx, now, sb); err != nil {
+				return err
+			}
+		}
+	}
 	return c.MarkIdle(ctx, now)
 }
 
@@ -314,6 +324,27 @@ func (c *Controller) ScaleDown(ctx context.Context, now time.Time, s burst.Stop)
 	}
 	f.Delete(ctx, r.ID)
 	return nil
+}
+
+// moveHome stops the jobs of a partial spill-back with their checkpoint
+// signal (reason StopSpillBack: requeued when they exit, to resume at
+// home); the machine stays for its other jobs.
+func (c *Controller) moveHome(ctx context.Context, now time.Time, sb burst.SpillBack) error {
+	var changed []*broker.Job
+	for _, sj := range sb.Jobs {
+		j := c.Fleet.Job(sj.Job)
+		if j == nil || j.Machine != "" && j.Machine != sb.Machine {
+			continue
+		}
+		jj := j.Clone()
+		if jj.RequestStop(burst.StopSpillBack, "burst machine "+sb.Machine+": "+sb.Detail, "burst controller", now) {
+			changed = append(changed, jj)
+		}
+	}
+	if len(changed) == 0 {
+		return nil
+	}
+	return c.Fleet.Commit(ctx, &Step{Jobs: changed})
 }
 
 // MarkIdle keeps each ready machine's IdleSince: set when its last job

@@ -11,33 +11,24 @@ import (
 )
 
 // SpillInput adds what spill-back weighs to a decision's input (built by
-// Input): the jobs holding cards on ready burst machines, the owned nodes
-// with free GPUs, and the highest owned rate among them (rates, the
-// meter's on-prem rates, at in.Now). home lists the owned nodes with
-// free GPUs; it is called only when some job could move. Nothing is
-// added while spill-back is off or a job waits unbound (the decision then
-// keeps every machine). The broker and the simulator both call it.
+// Input): the owned nodes with free GPUs (home), the highest owned rate
+// among them (rates, the meter's on-prem rates, at in.Now), and the jobs
+// holding cards on ready burst machines. Nothing is added while
+// spill-back is off or no owned GPU is free. The waiting jobs are in the
+// input already: the decision weighs whether they could use the free
+// owned GPUs. The broker and the simulator both call it.
 func (c *Controller) SpillInput(in *burst.Input, rates billing.RateTable, home func() []burst.HomeNode) {
 	if !in.Policy.SpillBack.Enabled {
 		return
 	}
-	for _, j := range in.Pending {
-		if j.Machine == "" {
-			return
-		}
-	}
+	ready := false
 	for _, m := range in.Machines {
-		if m.State != broker.MachineReady {
-			continue
-		}
-		_, holding := c.Fleet.OnMachine(m.ID)
-		for _, j := range holding {
-			if j.State.Holding() && j.StartedAt != nil {
-				in.Running = append(in.Running, RunningJob(j, m.ID, *j.StartedAt))
-			}
+		if m.State == broker.MachineReady && len(m.Jobs) > 0 {
+			ready = true
+			break
 		}
 	}
-	if len(in.Running) == 0 {
+	if !ready {
 		return
 	}
 	for _, h := range home() {
@@ -50,5 +41,19 @@ func (c *Controller) SpillInput(in *burst.Input, rates billing.RateTable, home f
 		}
 		in.Home = append(in.Home, h)
 	}
+	if len(in.Home) == 0 {
+		return
+	}
 	slices.SortFunc(in.Home, func(a, b burst.HomeNode) int { return strings.Compare(a.Name, b.Name) })
+	for _, m := range in.Machines {
+		if m.State != broker.MachineReady {
+			continue
+		}
+		_, holding := c.Fleet.OnMachine(m.ID)
+		for _, j := range holding {
+			if j.State.Holding() && j.StartedAt != nil {
+				in.Running = append(in.Running, RunningJob(j, m.ID, *j.StartedAt))
+			}
+		}
+	}
 }

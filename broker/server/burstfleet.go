@@ -22,7 +22,8 @@ var _ burstctl.Fleet = serverFleet{}
 // burstCtl is the burst executor over the broker's fleet, with the
 // config's policy, billing zone and currency.
 func (s *Server) burstCtl() *burstctl.Controller {
-	return &burstctl.Controller{Fleet: serverFleet{s}, Policy: s.cfg().BurstPolicy(), Zone: s.billingZone(), Currency: s.currency()}
+	return &burstctl.Controller{Fleet: serverFleet{s}, Policy: s.cfg().BurstPolicy(), Zone: s.billingZone(), Currency: s.currency(),
+		OfferCoolDown: s.cfg().Burst.OfferCoolDown.D()}
 }
 
 // withBurstCtl runs fn on the executor under the state lock, for the

@@ -1,10 +1,7 @@
 package server
 
 import (
-	"cmp"
 	"context"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -124,66 +121,16 @@ func hasTransition(r *broker.InstanceRecord, reason string) bool {
 }
 
 // reclaimLocked marks a machine ending on the provider's notice, requeues
-// what waits for it and stops what runs on it.
+// what waits for it and stops what runs on it (burstctl.Reclaim, the rules
+// the simulator runs too), and cools its offer down.
 func (s *Server) reclaimLocked(ctx context.Context, r *broker.InstanceRecord, n agentapi.Notice, now time.Time) error {
-	at := n.ReclaimAt
-	if at.IsZero() {
-		at = now
-	}
-	rr := r.Clone()
-	rr.Reclaim = &broker.Reclaim{Kind: n.Kind, Action: n.Action, At: at, SeenAt: n.SeenAt}
-	detail := fmt.Sprintf("%s takes the machine back at %s (%s notice, action %s)", r.Provider,
-		at.UTC().Format(time.RFC3339), strings.ReplaceAll(n.Kind, "_", " "), cmp.Or(n.Action, "stop"))
-	st := r.State
-	if !st.Ended() && st != broker.MachineTerminating {
-		rr.Transit(now, broker.MachineDraining, agentapi.ReasonSpotReclaim, detail)
-	}
-	s.coolDownLocked(r.Offer, now, "spot machine "+r.ID+" reclaimed")
-	var changed []*broker.Job
-	for _, j := range s.jobs {
-		if j.State == broker.StateProvisioning && j.Machine == r.ID {
-			jj := j.Clone()
-			jj.Machine = ""
-			jj.Transit(now, broker.StatePending, agentapi.ReasonSpotReclaim, "burst machine "+r.ID+" is being reclaimed before it ran the job: "+detail)
-			changed = append(changed, jj)
-		}
-	}
-	for _, j := range s.holdingOnLocked(r.ID) {
-		grace := j.Spec.Checkpoint.Grace.D()
-		if left := at.Sub(now); left > 0 && grace > left/2 {
-			grace = left / 2 // the other half is for the checkpoint upload
-		}
-		jj := j.Clone()
-		jj.Stop = &broker.StopRequest{Reason: agentapi.ReasonSpotReclaim, Detail: "burst machine " + r.ID + ": " + detail,
-			Signal: jj.Spec.Checkpoint.Signal, Grace: grace, RequestedAt: now, By: "provider notice"}
-		changed = append(changed, jj)
-	}
-	s.log.Warn("burst machine reclaimed by its provider", "record", r.ID, "provider", r.Provider, "at", at, "jobs", len(changed))
-	if err := s.putRecordLocked(ctx, rr, changed, nil); err != nil {
+	cd, jobs, ok, err := s.burstCtl().Reclaim(ctx, r.ID, now, broker.Reclaim{Kind: n.Kind, Action: n.Action, At: n.ReclaimAt, SeenAt: n.SeenAt})
+	if err != nil || !ok {
 		return err
 	}
+	s.coolDownLocked(r.Offer, now, cd.Reason)
+	s.log.Warn("burst machine reclaimed by its provider", "record", r.ID, "provider", r.Provider, "at", s.burst.instances[r.ID].Reclaim.At, "jobs", jobs)
 	s.wakeNodeLocked(r.ID)
 	s.kick()
 	return nil
-}
-
-// endReclaimed ends an attempt stopped by a reclaim: back to the queue at
-// the head of its class (preempted keeps the job's wait), from its last
-// committed checkpoint, with the work lost since that checkpoint recorded.
-func (s *Server) endReclaimed(j *broker.Job, r agentapi.JobReport, ended time.Time, exit string) {
-	saved := j.StartedAt
-	if j.LastCheckpointAt != nil && (saved == nil || j.LastCheckpointAt.After(*saved)) {
-		saved = j.LastCheckpointAt
-	}
-	lost := "no work lost: the checkpoint was committed after the job stopped"
-	if saved != nil && ended.After(*saved) {
-		lost = fmt.Sprintf("lost work: %s since its last checkpoint", broker.FormatDuration(ended.Sub(*saved).Truncate(time.Second)))
-	}
-	j.Transit(ended, broker.StatePreempted, agentapi.ReasonSpotReclaim, joinDetail(j.Stop.Detail, joinDetail(lost, exit)))
-	from := "its last checkpoint"
-	if j.Data != nil && cmp.Or(j.Data.Checkpoint, j.Data.Restored) != "" {
-		from = "checkpoint " + cmp.Or(j.Data.Checkpoint, j.Data.Restored)
-	}
-	j.Placements, j.Stop, j.Machine = nil, nil, ""
-	j.Transit(ended, broker.StatePending, "requeued", "resumes from "+from+" on another machine")
 }

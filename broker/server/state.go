@@ -406,7 +406,7 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		// where the next decision reads when it last moved.
 		j.Preempted(ended, stop.Reason, joinDetail(stop.Detail, exit))
 	case stop != nil && stop.Reason == agentapi.ReasonSpotReclaim:
-		s.endReclaimed(j, r, ended, exit)
+		j.EndReclaimed(ended, exit)
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
 		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
 	case stop != nil:

@@ -91,6 +91,20 @@ type OfferFile struct {
 	// Source says where the price comes from (documentation only).
 	Source   string    `json:"source,omitempty"`
 	LeadTime *LeadTime `json:"leadTime,omitempty"`
+	// ReclaimsPerHour is how often the provider takes a spot machine of
+	// this offer back: each machine's time to a reclaim notice is drawn
+	// from an exponential distribution of this rate, from its launch
+	// (spot offers only; 0, the default, never).
+	ReclaimsPerHour float64 `json:"reclaimsPerHour,omitempty"`
+	// ReclaimNotice is the time from the notice to the reclaim (default
+	// 2m, as AWS gives).
+	ReclaimNotice broker.Duration `json:"reclaimNotice,omitempty"`
+}
+
+// Reclaims is how a spot offer's machines are taken back.
+type Reclaims struct {
+	PerHour float64
+	Notice  time.Duration
 }
 
 // BudgetFile is the monthly burst budget, globally and per team.
@@ -135,6 +149,9 @@ type Cluster struct {
 	// LeadTime is the default lead time; OfferLead each offer's, by key.
 	LeadTime  LeadTime
 	OfferLead map[string]LeadTime
+	// Reclaims are the spot offers' reclaim rates, by offer key (offers
+	// without reclaims are absent).
+	Reclaims map[string]Reclaims
 	// Offers are the simulated providers' offers, all available.
 	Offers []providers.Offer
 	// CapacityFailureRate is the chance a create call fails for capacity.
@@ -194,7 +211,7 @@ func ParseCluster(raw []byte) (*Cluster, error) {
 			ve.Errors = append(ve.Errors, fe)
 		}
 	}
-	c := &Cluster{Config: cfg, Groups: f.Nodes, Currency: f.Currency, OfferLead: map[string]LeadTime{},
+	c := &Cluster{Config: cfg, Groups: f.Nodes, Currency: f.Currency, OfferLead: map[string]LeadTime{}, Reclaims: map[string]Reclaims{},
 		Budgets: map[string]billing.Amount{}, Preemptible: map[string]bool{}}
 	if c.Currency == "" {
 		c.Currency = "USD"
@@ -271,6 +288,18 @@ func ParseCluster(raw []byte) (*Cluster, error) {
 			checkLead(add, p+".leadTime", lt)
 		}
 		c.OfferLead[off.Key()] = lt
+		switch {
+		case math.IsNaN(o.ReclaimsPerHour) || o.ReclaimsPerHour < 0 || o.ReclaimsPerHour > 60:
+			add(p+".reclaimsPerHour", broker.CodeOutOfRange, "must be between 0 and 60, got %g", o.ReclaimsPerHour)
+		case o.ReclaimsPerHour > 0 && !o.Spot:
+			add(p+".reclaimsPerHour", broker.CodeInvalid, "only spot offers are reclaimed: set spot: true or remove it")
+		case o.ReclaimNotice != 0 && o.ReclaimsPerHour == 0:
+			add(p+".reclaimNotice", broker.CodeInvalid, "needs reclaimsPerHour above 0")
+		case o.ReclaimNotice < 0 || o.ReclaimNotice.D() > time.Hour:
+			add(p+".reclaimNotice", broker.CodeOutOfRange, "must be between 0 and 1h, got %s", o.ReclaimNotice)
+		case o.ReclaimsPerHour > 0:
+			c.Reclaims[off.Key()] = Reclaims{PerHour: o.ReclaimsPerHour, Notice: cmp.Or(o.ReclaimNotice.D(), 2*time.Minute)}
+		}
 		c.Offers = append(c.Offers, off)
 	}
 

@@ -49,6 +49,9 @@ type Options struct {
 	RecordMachines bool
 	// MeterOwned prices the on-prem attempts too (Result.OwnedCost).
 	MeterOwned bool
+	// Prices is a live-price series (LoadPrices), in time order: the
+	// offers' prices change as virtual time passes.
+	Prices []PriceChange
 }
 
 // Start is one start of a job, as the simulator decided it.
@@ -97,6 +100,8 @@ const (
 	evWake                  // a scheduling timer
 	evTimeout               // a running job reaches its timeout
 	evBurst                 // a burst decision is due
+	evNotice                // a spot machine's reclaim notice
+	evReclaim               // the provider takes a spot machine back
 )
 
 type event struct {
@@ -117,6 +122,8 @@ type engine struct {
 	opt    Options
 	lead   *rand.Rand
 	capRNG *rand.Rand
+	// reclaimRNG draws the spot machines' times to a reclaim notice.
+	reclaimRNG *rand.Rand
 
 	start  time.Time
 	now    time.Time
@@ -168,11 +175,16 @@ type engine struct {
 	// ctl carries out burst decisions on the simulated fleet; budgets
 	// holds the budgets, their months and the reservations, kept by the
 	// broker's own functions.
-	ctl      *burstctl.Controller
-	budgets  *broker.MemStore
-	offers   []providers.Offer
-	meterCfg billing.MeterConfig
-	waiting  []burstctl.Waiting
+	ctl     *burstctl.Controller
+	budgets *broker.MemStore
+	offers  []providers.Offer
+	// coolDowns keep offers out of decisions after a reclaim (the
+	// broker's offer cool-downs; burst.OfferSkip reads them).
+	coolDowns map[string]burst.CoolDown
+	// nextPrice is the first change of Options.Prices not yet applied.
+	nextPrice int
+	meterCfg  billing.MeterConfig
+	waiting   []burstctl.Waiting
 	// err is the first error of the in-memory fleet.
 	err error
 	// usage is the fair-share ledger; usageHeld the GPUs each team's
@@ -224,9 +236,11 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 	}
 	e := &engine{
 		c: c, pol: p, policy: c.Config.Policy(), core: sched.New(), opt: opt,
-		lead:   rand.New(rand.NewPCG(opt.Seed, 0x6c656164)), // "lead"
-		capRNG: rand.New(rand.NewPCG(opt.Seed, 0x63617061)), // "capa"
-		byID:   make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
+		lead:       rand.New(rand.NewPCG(opt.Seed, 0x6c656164)), // "lead"
+		capRNG:     rand.New(rand.NewPCG(opt.Seed, 0x63617061)), // "capa"
+		reclaimRNG: rand.New(rand.NewPCG(opt.Seed, 0x7265636c)), // "recl"
+		coolDowns:  map[string]burst.CoolDown{},
+		byID:       make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
 		every: c.Config.Burst.Interval.D(), budgets: broker.NewMemStore(), offers: slices.Clone(c.Offers),
 		largest: c.LargestNode(), res: &Result{Policy: p.Name, WaitPerGPUHour: p.Burst.WaitPerGPUHour},
 	}
@@ -234,11 +248,15 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 	if zone == nil {
 		zone = time.UTC
 	}
-	e.ctl = &burstctl.Controller{Fleet: simFleet{e}, Policy: p.Burst, Zone: zone, Currency: c.Currency}
+	e.ctl = &burstctl.Controller{Fleet: simFleet{e}, Policy: p.Burst, Zone: zone, Currency: c.Currency,
+		OfferCoolDown: c.Config.Burst.OfferCoolDown.D()}
 	e.meterCfg = c.Config.BillingCompiled().Meter
 	e.meterCfg.Currency, e.meterCfg.Overhead = c.Currency, c.Overhead
 	if e.meterCfg.Slice == 0 {
 		e.meterCfg.Slice = billing.DefaultSlice
+	}
+	if err := CheckPrices(opt.Prices, c.Offers); err != nil {
+		return nil, fmt.Errorf("prices: %w", err)
 	}
 	start := tr.Jobs[0].Submit
 	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
@@ -448,6 +466,10 @@ func (e *engine) handle(ev event) bool {
 			e.retire(sj)
 			return true
 		}
+		if stop.Reason == broker.ReasonSpotReclaim {
+			e.endReclaimed(sj)
+			return true
+		}
 		// Preempted (or moved home): the work up to the signal is saved.
 		sj.remaining -= stop.RequestedAt.Sub(sj.runFrom)
 		sj.j.Preempted(e.now, stop.Reason, stop.Detail)
@@ -456,6 +478,10 @@ func (e *engine) handle(ev event) bool {
 	case evReady:
 		e.ready(ev.m)
 		return true
+	case evNotice:
+		return e.notice(ev.m)
+	case evReclaim:
+		return e.reclaimed(ev.m)
 	case evTimeout:
 		if ev.job.j.Attempt == ev.attempt && ev.job.j.State.Holding() {
 			e.timeoutDue = true
@@ -691,6 +717,13 @@ func (e *engine) stopRequested(sj *sjob) {
 		e.res.Preemptions++
 	case burst.StopSpillBack:
 		e.res.SpillBacks++
+	case broker.ReasonSpotReclaim:
+		// The job saves its work unless its checkpoint takes longer than
+		// the grace the notice leaves: then it runs until the machine goes.
+		if st := sj.j.Stop; e.c.CheckpointTime > st.Grace && sj.on != nil && sj.on.rec.Reclaim != nil {
+			e.push(event{at: sj.on.rec.Reclaim.At, kind: evStopped, job: sj, attempt: sj.j.Attempt})
+			return
+		}
 	}
 	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: sj.j.Attempt})
 }

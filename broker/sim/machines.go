@@ -63,10 +63,20 @@ func (e *engine) burst() {
 		e.fail(err)
 		return
 	}
+	e.applyPrices()
 	in := e.ctl.Input(e.now, e.active, budgets)
+	in.CoolDowns = e.coolDowns
 	e.ctl.SpillInput(in, e.meterCfg.OnPrem, e.homeNodes)
 	d := burst.Decide(in)
 	e.active = d.Active
+	if len(d.StayRules) > 0 && e.ownedIdleForBurst() > 0 {
+		if e.res.SpillBackRefusals == nil {
+			e.res.SpillBackRefusals = map[string]int{}
+		}
+		for _, rule := range d.StayRules {
+			e.res.SpillBackRefusals[rule]++
+		}
+	}
 	if err := e.ctl.Apply(ctx, e.now, &d); err != nil {
 		e.fail(err)
 		return
@@ -344,6 +354,7 @@ func (f simFleet) Launch(ctx context.Context, id string) {
 		}
 		m := e.machineByID(id)
 		e.push(event{at: e.now.Add(e.leadTime(m.rec.Offer)), kind: evReady, m: m})
+		e.drawReclaim(m)
 		return
 	}
 }

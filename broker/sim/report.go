@@ -117,6 +117,40 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if slices.ContainsFunc(r.Results, func(res *Result) bool { return res.Reclaims > 0 }) {
+		fmt.Fprintln(w, "\nspot reclaims (machines taken back, attempts they ended, work lost since the last checkpoint):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "policy\treclaims\tattempts\tlost GPU-h\t")
+		for _, res := range r.Results {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t\n", res.Policy, res.Reclaims, res.ReclaimedAttempts, res.ReclaimLostGPUHours)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if slices.ContainsFunc(r.Results, func(res *Result) bool { return len(res.SpillBackRefusals) > 0 }) {
+		fmt.Fprintln(w, "\nspill-back refusals while owned GPUs idle could hold burst jobs (machines × decisions, by rule):")
+		var rules []string
+		for _, res := range r.Results {
+			for k := range res.SpillBackRefusals {
+				rules = append(rules, k)
+			}
+		}
+		slices.Sort(rules)
+		rules = slices.Compact(rules)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "policy\t%s\t\n", strings.Join(rules, "\t"))
+		for _, res := range r.Results {
+			cells := []string{res.Policy}
+			for _, k := range rules {
+				cells = append(cells, fmt.Sprint(res.SpillBackRefusals[k]))
+			}
+			fmt.Fprintf(tw, "%s\t\n", strings.Join(cells, "\t"))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(w, "\nwait by priority and queue (p50 / p95 / p99):")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	var keys []string

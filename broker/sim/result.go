@@ -94,6 +94,18 @@ type Result struct {
 	OwnedIdleShare        float64 `json:"ownedIdleShare"`
 	// SpillBacks are the jobs moved from burst machines home.
 	SpillBacks int `json:"spillBacks"`
+	// SpillBackRefusals counts, by spill-back's rule (burst.Stay*), the
+	// machines a decision kept while owned GPUs stood idle that could
+	// hold jobs running on burst machines: one per machine per decision.
+	SpillBackRefusals map[string]int `json:"spillBackRefusals,omitempty"`
+	// Reclaims are the spot machines the providers took back (drawn from
+	// the offers' reclaimsPerHour); ReclaimedAttempts the attempts they
+	// ended, each requeued to resume from its last checkpoint; and
+	// ReclaimLostGPUHours the work those attempts lost (from their last
+	// committed checkpoint to their end).
+	Reclaims            int     `json:"reclaims,omitempty"`
+	ReclaimedAttempts   int     `json:"reclaimedAttempts,omitempty"`
+	ReclaimLostGPUHours float64 `json:"reclaimLostGPUHours,omitempty"`
 	// BurstCost is UsageCost + OverheadCost, priced by billing.Meter.
 	BurstCost    billing.Amount `json:"burstCost"`
 	UsageCost    billing.Amount `json:"usageCost"`

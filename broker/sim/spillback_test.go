@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -38,5 +39,33 @@ func TestSpillBackMovesTheJobHome(t *testing.T) {
 	}
 	if on.Machines != 1 {
 		t.Errorf("%d machines", on.Machines)
+	}
+}
+
+// Two jobs share a 4-GPU burst machine, a 20-hour and a 3-hour one, when
+// 2 owned GPUs free up after an hour: the long job moves home alone (the
+// machine's cost is cut to the short job's end), the short one finishes
+// on the machine, which then ends.
+func TestSpillBackMovesPartOfAMachine(t *testing.T) {
+	rows := []string{"0,3600,2,a,medium,default", "0,144000,2,a,medium,default", "0,144000,4,a,medium,default",
+		"1,72000,2,a,medium,default", "1,10800,2,a,medium,default"}
+	tr := csvTrace(t, rows...)
+	c := cluster(t, strings.Replace(testCluster, "    maxLifetime: 30d\n",
+		"    maxLifetime: 30d\n    spillBack: {enabled: true, margin: 0.5, minInterval: 1h, staging: 2m}\n", 1))
+	r := run(t, tr, c, "spillway", Options{Seed: 1, RecordStarts: true})
+	var got []string
+	for _, s := range r.Starts {
+		got = append(got, fmt.Sprintf("%s#%d burst=%v", s.Job, s.Attempt, s.Burst))
+	}
+	want := "j000001#1 burst=false j000002#1 burst=false j000003#1 burst=false j000004#1 burst=true j000005#1 burst=true j000004#2 burst=false"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("starts %v, want %s", got, want)
+	}
+	if r.SpillBacks != 1 || r.Machines != 1 || r.Succeeded != 5 {
+		t.Fatalf("moved %d, machines %d, succeeded %d", r.SpillBacks, r.Machines, r.Succeeded)
+	}
+	// The machine runs about 3h (the short job), not 20h.
+	if r.BurstGPUHours > 4*3.5 {
+		t.Errorf("burst GPU-h %.1f, want about 4 × 3h", r.BurstGPUHours)
 	}
 }

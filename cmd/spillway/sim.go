@@ -19,9 +19,9 @@ import (
 
 func simCmd(g *globals) *cobra.Command {
 	var (
-		tracePath, format, clusterPath, policies, from, to, chart, cpuProfile string
-		seed                                                                  uint64
-		sweep                                                                 bool
+		tracePath, format, clusterPath, policies, from, to, chart, cpuProfile, pricesPath string
+		seed                                                                              uint64
+		sweep                                                                             bool
 	)
 	cmd := &cobra.Command{
 		Use:   "sim --trace FILE --cluster cluster.yaml",
@@ -80,6 +80,11 @@ Traces: the Philly extract (--format philly), Slurm accounting
 				return err
 			}
 			opt := sim.Options{Seed: seed}
+			if pricesPath != "" {
+				if opt.Prices, err = sim.LoadPrices(pricesPath, cl); err != nil {
+					return err
+				}
+			}
 			t0 := time.Now()
 			rep := sim.Describe(tr, cl, seed)
 			if rep.Results, err = sim.RunAll(tr, cl, pols, opt); err != nil {
@@ -115,6 +120,7 @@ Traces: the Philly extract (--format philly), Slurm accounting
 	f.StringVar(&to, "to", "", "replay jobs submitted before this date or time (in the trace's zone)")
 	f.StringVar(&chart, "chart", "", "write an SVG chart (on-prem GPUs busy, burst GPUs, queue depth) to this file")
 	f.BoolVar(&sweep, "sweep", false, "also sweep spillway's threshold × minimum wait against starburst-linear-cost's waiting budget")
+	f.StringVar(&pricesPath, "prices", "", "live-price series: CSV (time,provider,instanceType,price[,market]) or JSON lines; the offers' prices change over virtual time")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the replay to this file")
 	cmd.AddCommand(exportTraceCmd(g))
 	return cmd

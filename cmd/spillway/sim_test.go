@@ -76,6 +76,35 @@ func TestSimCommand(t *testing.T) {
 	}
 }
 
+// TestSimPrices: --prices changes the offers' prices over virtual time;
+// a bad row is an error naming its line and field.
+func TestSimPrices(t *testing.T) {
+	trace, cluster := writeFiles(t)
+	prices := filepath.Join(t.TempDir(), "prices.csv")
+	if err := os.WriteFile(prices, []byte("time,provider,instanceType,price\n1900-01-01T00:00:00Z,cloud,one,6\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := run(t, "sim", "--trace", trace, "--cluster", cluster, "--policy", "spillway", "-o", "json", "--prices", prices)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep struct{ Results []struct{ BurstCost string } }
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	// TestSimCommand's two machines at twice the price.
+	if len(rep.Results) != 1 || rep.Results[0].BurstCost != "12.40" {
+		t.Fatalf("report %+v", rep)
+	}
+	if err := os.WriteFile(prices, []byte("time,provider,instanceType,price\n1900-01-01T00:00:00Z,cloud,two,6\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = run(t, "sim", "--trace", trace, "--cluster", cluster, "--policy", "spillway", "--prices", prices)
+	if want := "line 2: instanceType: no spot or on-demand offer of cloud two"; code == 0 || !strings.Contains(errOut, want) {
+		t.Fatalf("exit %d, stderr %q; want %q", code, errOut, want)
+	}
+}
+
 func TestSimCommandErrors(t *testing.T) {
 	trace, cluster := writeFiles(t)
 	cases := map[string][]string{
