@@ -167,7 +167,7 @@ func (j *Job) EndReclaimed(ended time.Time, exit string) time.Duration {
 	if j.Stop != nil {
 		detail = j.Stop.Detail
 	}
-	j.Transit(ended, StatePreempted, ReasonSpotReclaim, joinDetail(detail, joinDetail(why, exit)))
+	j.Transit(ended, StatePreempted, ReasonSpotReclaim, JoinDetail(detail, JoinDetail(why, exit)))
 	from := "its last checkpoint"
 	if j.Data != nil && cmp.Or(j.Data.Checkpoint, j.Data.Restored) != "" {
 		from = "checkpoint " + cmp.Or(j.Data.Checkpoint, j.Data.Restored)
@@ -177,8 +177,9 @@ func (j *Job) EndReclaimed(ended time.Time, exit string) time.Duration {
 	return lost
 }
 
-// joinDetail joins two parts of a transition's detail with "; ".
-func joinDetail(a, b string) string {
+// JoinDetail joins two parts of a transition's detail with "; ",
+// leaving out an empty one.
+func JoinDetail(a, b string) string {
 	switch {
 	case a == "":
 		return b

@@ -65,19 +65,10 @@ func (s *Server) loadPriceTables(tx broker.Tx) error {
 // 502 naming them. The audit middleware records the call.
 func (s *Server) refreshPrices(c echo.Context) error {
 	want := c.QueryParam("provider")
-	s.mu.Lock()
-	if err := s.checkLeaderLocked(); err != nil {
-		s.mu.Unlock()
+	refreshers, known, err := s.priceRefreshers(want)
+	if err != nil {
 		return err
 	}
-	_, known := s.burst.providers[want]
-	refreshers := map[string]providers.PriceRefresher{}
-	for name, p := range s.burst.providers {
-		if r, ok := p.(providers.PriceRefresher); ok && (want == "" || want == name) {
-			refreshers[name] = r
-		}
-	}
-	s.mu.Unlock()
 	switch {
 	case want != "" && !known:
 		return errBadRequest("provider", broker.CodeInvalid, "no provider named %q is configured (spillway offers lists them)", clip(want))
@@ -125,16 +116,13 @@ func (s *Server) refreshPrices(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"refreshed": out})
 }
 
-// clearPrices answers DELETE /v1/offers/prices (?provider=NAME for one):
-// the refreshed tables are dropped from the store and the providers, whose
-// on-demand offers take their configured prices again. It answers the
-// providers whose table it dropped. The audit middleware records the call.
-func (s *Server) clearPrices(c echo.Context) error {
-	want := c.QueryParam("provider")
+// priceRefreshers returns the providers with a price list (only want's
+// when want is not empty) and whether want names a configured provider.
+func (s *Server) priceRefreshers(want string) (map[string]providers.PriceRefresher, bool, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := s.checkLeaderLocked(); err != nil {
-		s.mu.Unlock()
-		return err
+		return nil, false, err
 	}
 	_, known := s.burst.providers[want]
 	refreshers := map[string]providers.PriceRefresher{}
@@ -143,14 +131,26 @@ func (s *Server) clearPrices(c echo.Context) error {
 			refreshers[name] = r
 		}
 	}
-	s.mu.Unlock()
+	return refreshers, known, nil
+}
+
+// clearPrices answers DELETE /v1/offers/prices (?provider=NAME for one):
+// the refreshed tables are dropped from the store and the providers, whose
+// on-demand offers take their configured prices again. It answers the
+// providers whose table it dropped. The audit middleware records the call.
+func (s *Server) clearPrices(c echo.Context) error {
+	want := c.QueryParam("provider")
+	refreshers, known, err := s.priceRefreshers(want)
+	if err != nil {
+		return err
+	}
 	if want != "" && !known {
 		return errBadRequest("provider", broker.CodeInvalid, "no provider named %q is configured (spillway offers lists them)", clip(want))
 	}
 	s.burst.refreshing.Lock()
 	defer s.burst.refreshing.Unlock()
 	cleared := []string{}
-	err := s.store.Update(c.Request().Context(), func(tx broker.Tx) error {
+	err = s.store.Update(c.Request().Context(), func(tx broker.Tx) error {
 		cleared = cleared[:0]
 		for _, name := range slices.Sorted(maps.Keys(refreshers)) {
 			if _, err := tx.Get(broker.BucketMeta, priceTableKey+name); errors.Is(err, broker.ErrNotFound) {

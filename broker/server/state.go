@@ -400,22 +400,22 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 	stop := j.Stop
 	switch {
 	case stop != nil && stop.Reason == "cancelled":
-		j.Transit(ended, broker.StateCancelled, "cancelled", joinDetail(stop.Detail, exit))
+		j.Transit(ended, broker.StateCancelled, "cancelled", broker.JoinDetail(stop.Detail, exit))
 	case stop != nil && (stop.Reason == "preempted" || stop.Reason == burst.StopSpillBack):
 		// A job moved home (spill-back) keeps the reason in its history,
 		// where the next decision reads when it last moved.
-		j.Preempted(ended, stop.Reason, joinDetail(stop.Detail, exit))
+		j.Preempted(ended, stop.Reason, broker.JoinDetail(stop.Detail, exit))
 	case stop != nil && stop.Reason == agentapi.ReasonSpotReclaim:
 		j.EndReclaimed(ended, exit)
 	case (stop != nil && stop.Reason == "timed_out") || r.Reason == "timed_out":
-		j.Transit(ended, broker.StateTimedOut, "timed_out", joinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
+		j.Transit(ended, broker.StateTimedOut, "timed_out", broker.JoinDetail(fmt.Sprintf("ran past its timeout of %s", j.Spec.Timeout), exit))
 	case stop != nil:
-		j.Transit(ended, broker.StateFailed, stop.Reason, joinDetail(stop.Detail, exit))
+		j.Transit(ended, broker.StateFailed, stop.Reason, broker.JoinDetail(stop.Detail, exit))
 	case r.Reason == agentapi.ReasonInputMissing:
 		// A missing input stays missing: no retry loop.
 		j.Transit(ended, broker.StateFailed, agentapi.ReasonInputMissing, r.Message+"; not retried: fix the job's inputs and submit it again")
 	case r.Reason == agentapi.ReasonOutputsFailed:
-		j.Transit(ended, broker.StateFailed, agentapi.ReasonOutputsFailed, joinDetail(r.Message, exit))
+		j.Transit(ended, broker.StateFailed, agentapi.ReasonOutputsFailed, broker.JoinDetail(r.Message, exit))
 	case r.State == agentapi.RunExited && code == 0 && r.Signal == "":
 		j.Transit(ended, broker.StateSucceeded, "exited", exit)
 	case r.Reason == agentapi.ReasonImageNotFound || r.Reason == agentapi.ReasonPullDenied:
@@ -475,14 +475,4 @@ func describeExit(r agentapi.JobReport) string {
 		s += ": " + r.Message
 	}
 	return s
-}
-
-func joinDetail(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return a + "; " + b
 }
