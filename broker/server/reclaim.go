@@ -141,9 +141,9 @@ func (s *Server) reclaimLocked(ctx context.Context, r *broker.InstanceRecord, n 
 	s.coolDownLocked(r.Offer, now, "spot machine "+r.ID+" reclaimed")
 	var changed []*broker.Job
 	for _, j := range s.jobs {
-		if j.State == broker.StateProvisioning && j.Machine == r.ID {
+		if j.BoundTo(r.ID) {
 			jj := j.Clone()
-			jj.Machine = ""
+			jj.Machine, jj.Machines = "", nil
 			jj.Transit(now, broker.StatePending, agentapi.ReasonSpotReclaim, "burst machine "+r.ID+" is being reclaimed before it ran the job: "+detail)
 			changed = append(changed, jj)
 		}
@@ -184,6 +184,6 @@ func (s *Server) endReclaimed(j *broker.Job, r agentapi.JobReport, ended time.Ti
 	if j.Data != nil && cmp.Or(j.Data.Checkpoint, j.Data.Restored) != "" {
 		from = "checkpoint " + cmp.Or(j.Data.Checkpoint, j.Data.Restored)
 	}
-	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Placements, j.Stop, j.Machine, j.Machines = nil, nil, "", nil
 	j.Transit(ended, broker.StatePending, "requeued", "resumes from "+from+" on another machine")
 }
