@@ -177,10 +177,10 @@ type Launch struct {
 	Offer providers.Offer `json:"offer"`
 	// Fallbacks are the next offers that fit the same jobs, tried in order
 	// when the provider has no capacity or quota for Offer.
-	Fallbacks     []providers.Offer `json:"fallbacks,omitempty"`
-	Jobs          []string          `json:"jobs"`
-	Team          string            `json:"team"`
-	Queue         string            `json:"queue"`
+	Fallbacks []providers.Offer `json:"fallbacks,omitempty"`
+	Jobs      []string          `json:"jobs"`
+	Team      string            `json:"team"`
+	Queue     string            `json:"queue"`
 	// GPUs are the GPUs the jobs take on each machine.
 	GPUs int `json:"gpus"`
 	// Nodes is how many machines to start: the gang's members (0 or 1 for

@@ -531,7 +531,7 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 		inst, err := prov.Create(cctx, providers.CreateRequest{RecordID: rec.ID, Offer: rec.Offer, Tags: tags,
 			SSHAuthorizedKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.burst.signer.PublicKey()))),
-			Placement: placementName(rec)})
+			Placement:        placementName(rec)})
 		cancel()
 		switch {
 		case err == nil:

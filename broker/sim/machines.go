@@ -271,24 +271,20 @@ func (e *engine) putJob(nj *broker.Job) {
 	old := sj.j
 	switch {
 	case old.State == broker.StatePending && nj.State == broker.StateProvisioning:
-		m := e.machineByID(nj.Machine)
-		sj.bound = m
 		sj.why, sj.est = "", nil
-		m.bound = append(m.bound, sj)
 		sj.j = nj
-		m.addJob(sj)
+		e.bindTo(sj, nj)
 		e.pending--
 		e.provisioning++
-		if m.rec.State == broker.MachineReady {
-			// The scheduler's next cycle starts it there (placeBound).
-			e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
-		}
+		return
+	case old.State == broker.StateProvisioning && nj.State == broker.StateProvisioning && !slices.Equal(old.BoundMachines(), nj.BoundMachines()):
+		// A gang moved to a new group (burstctl.GroupNextOffer).
+		e.unboundFrom(sj)
+		sj.j = nj
+		e.bindTo(sj, nj)
 		return
 	case old.State == broker.StateProvisioning && nj.State != broker.StateProvisioning:
-		m := sj.bound
-		m.bound = removeJob(m.bound, sj)
-		m.dropJob(sj)
-		sj.bound = nil
+		e.unboundFrom(sj)
 		e.provisioning--
 		e.pending++
 	case old.State.Holding() && !nj.State.Holding():
@@ -306,6 +302,26 @@ func (e *engine) putJob(nj *broker.Job) {
 	}
 }
 
+// bindTo puts a job on the machines it is bound to (one, or its gang's
+// group).
+func (e *engine) bindTo(sj *sjob, j *broker.Job) {
+	ready := true
+	for _, id := range j.BoundMachines() {
+		m := e.machineByID(id)
+		if m == nil {
+			continue
+		}
+		sj.bound = append(sj.bound, m)
+		m.bound = append(m.bound, sj)
+		m.addJob(sj)
+		ready = ready && m.rec.State == broker.MachineReady
+	}
+	if ready {
+		// The scheduler's next cycle starts it there (placeBound).
+		e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
+	}
+}
+
 // errNoCapacity is the simulated provider's answer for a draw of
 // CapacityFailureRate.
 var errNoCapacity = errors.New("insufficient capacity (simulated)")
@@ -316,8 +332,22 @@ var errNoCapacity = errors.New("insufficient capacity (simulated)")
 func (f simFleet) Launch(ctx context.Context, id string) {
 	e := f.e
 	for {
+		m := e.machineByID(id)
+		if m == nil || m.rec.State != broker.MachineRequested {
+			return // its gang group was given up
+		}
 		if e.capRNG.Float64() < e.c.CapacityFailureRate {
 			e.res.CapacityErrors++
+			if m.rec.Group != "" {
+				// A gang's machines are one offer: the group moves on.
+				ok, err := e.ctl.GroupNextOffer(ctx, id, e.now, errNoCapacity)
+				if err != nil {
+					e.fail(err)
+				} else if !ok {
+					e.res.LaunchFailures++
+				}
+				return
+			}
 			_, ok, err := e.ctl.NextOffer(ctx, id, e.now, errNoCapacity)
 			if err == nil && !ok {
 				e.res.LaunchFailures++
@@ -342,7 +372,6 @@ func (f simFleet) Launch(ctx context.Context, id string) {
 			e.fail(err)
 			return
 		}
-		m := e.machineByID(id)
 		e.push(event{at: e.now.Add(e.leadTime(m.rec.Offer)), kind: evReady, m: m})
 		return
 	}
@@ -473,5 +502,5 @@ func (e *engine) meter(m *machine, now time.Time) {
 func (e *engine) allocation(sj *sjob, m *machine, end time.Time) billing.Allocation {
 	return billing.Allocation{Job: sj.t.ID, Attempt: sj.j.Attempt, Team: sj.t.Team, Queue: sj.t.Queue,
 		Pool: burstctl.Pool(m.rec, ""), GPUModel: m.rec.Offer.GPUModel, Spot: m.rec.Offer.Spot,
-		GPUMilli: int64(sj.j.TotalGPUs()) * 1000, Start: sj.runFrom, End: end}
+		GPUMilli: int64(sj.j.Spec.Resources.GPUs) * 1000, Start: sj.runFrom, End: end}
 }
