@@ -188,6 +188,10 @@ type engine struct {
 	snap sched.Snapshot
 	rec  recorder
 	res  *Result
+	// settling are the metered entries the next settle settles, one per
+	// settleKey (settleIdx).
+	settling  []billing.Entry
+	settleIdx map[settleKey]int
 }
 
 // Run replays tr on cluster c under policy p.
