@@ -397,7 +397,16 @@ func (c *Controller) Launched(ctx context.Context, id string, now time.Time, ins
 		return broker.ErrNotFound
 	}
 	if r.State != broker.MachineRequested {
-		return ErrAbandoned // its gang group was given up while it was created
+		// Its gang group was given up while it was created: the record
+		// keeps what was made, and the caller deletes it.
+		if r.ProviderID == "" {
+			rr := r.Clone()
+			rr.ProviderID = inst.ID
+			if err := c.Fleet.Commit(ctx, &Step{Records: []*broker.InstanceRecord{rr}}); err != nil {
+				return err
+			}
+		}
+		return ErrAbandoned
 	}
 	rr := r.Clone()
 	rr.ProviderID = inst.ID

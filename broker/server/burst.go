@@ -547,6 +547,10 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 					s.log.Warn("delete abandoned burst machine; the reconciler will", "record", rec.ID, "err", err)
 				}
 				cancel()
+				_, _ = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, _ time.Time) ([]*broker.Job, func(broker.Tx) error) {
+					r.Deletes++
+					return nil, nil
+				})
 				return errAbandoned
 			}
 			return err
