@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -51,7 +53,34 @@ providers:
 	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
 		t.Fatal("budget set failed")
 	}
+	// The on-prem card is taken: allocation is at the burst threshold.
+	release := filepath.Join(c.dir, "release")
+	hold, err := c.client(tokAlice).SubmitSpec(context.Background(), broker.Spec{Resources: broker.Resources{GPUs: 1},
+		Timeout: broker.Duration(10 * time.Minute), Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.1; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.waitJob(hold.ID, 30*time.Second, "running", func(s string) bool { return s == "running" })
+	t.Cleanup(func() { _ = os.WriteFile(release, nil, 0o600) })
 	return c
+}
+
+// submitWhenOffered submits spec once the broker knows the offers that
+// fit it (it refuses a job no node or offer can hold, and reads the
+// offers at its first burst tick).
+func submitWhenOffered(t *testing.T, c *cluster, spec broker.Spec) *broker.Job {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		j, err := c.client(tokAlice).SubmitSpec(context.Background(), spec)
+		if err == nil {
+			return j
+		}
+		if !strings.Contains(err.Error(), "the largest node or cloud offer") || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // groupsOf sorts the instance records by gang group.
@@ -125,10 +154,7 @@ func TestGangBurstsToFakeEC2(t *testing.T) {
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	c := gangBurstCluster(t, ec2)
 	ctx := context.Background()
-	j, err := c.client(tokAlice).SubmitSpec(ctx, gangSpec("rdzv-burst", "/usr/bin/python3", "-c", rendezvous))
-	if err != nil {
-		t.Fatal(err)
-	}
+	j := submitWhenOffered(t, c, gangSpec("rdzv-burst", "/usr/bin/python3", "-c", rendezvous))
 	c.waitJob(j.ID, 240*time.Second, "succeeded", func(s string) bool { return s == "succeeded" })
 	out, _, _ := c.cli(tokAlice, "logs", j.ID)
 	if !strings.Contains(out, "met rank") {
@@ -192,11 +218,7 @@ func TestGangBurstMemberRefused(t *testing.T) {
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	c := gangBurstCluster(t, ec2)
 	ec2.FailNth("RunInstances", 2, "InsufficientInstanceCapacity")
-	ctx := context.Background()
-	j, err := c.client(tokAlice).SubmitSpec(ctx, gangSpec("refused", "/usr/bin/python3", "-c", rendezvous))
-	if err != nil {
-		t.Fatal(err)
-	}
+	j := submitWhenOffered(t, c, gangSpec("refused", "/usr/bin/python3", "-c", rendezvous))
 	c.waitJob(j.ID, 240*time.Second, "succeeded", func(s string) bool { return s == "succeeded" })
 	insts := waitAllEnded(t, c, 60*time.Second)
 	groups := groupsOf(insts)
