@@ -34,6 +34,12 @@ type InstanceRecord struct {
 	Team  string   `json:"team"`
 	Queue string   `json:"queue"`
 	Jobs  []string `json:"jobs,omitempty"`
+	// Group names the gang launch the machine belongs to (its first
+	// member's record id) and GroupSize counts its members: a gang's
+	// machines are one offer in one zone and one placement group, started
+	// and given up together. Empty for a machine launched alone.
+	Group     string `json:"group,omitempty"`
+	GroupSize int    `json:"groupSize,omitempty"`
 	// ProjectedCost was reserved against the budgets at launch.
 	ProjectedCost billing.Amount `json:"projectedCost"`
 	// TokenSHA256 is the hash of the machine's own agent token, valid only

@@ -124,6 +124,9 @@ type Job struct {
 	// Machine is the burst machine (its record id) the burst controller
 	// bound the job to; the job waits for it in state provisioning.
 	Machine string `json:"machine,omitempty"`
+	// Machines are a gang's burst machines, one per member in member
+	// order (Machine is the first); empty for a job bound to one machine.
+	Machines []string `json:"machines,omitempty"`
 	// Hold keeps a pending job out of scheduling and bursting until it is
 	// released (spillway job hold/release).
 	Hold *Hold `json:"hold,omitempty"`

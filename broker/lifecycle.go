@@ -20,6 +20,7 @@ func (j *Job) Clone() *Job {
 	c := *j
 	c.History = slices.Clone(j.History)
 	c.Placements = slices.Clone(j.Placements)
+	c.Machines = slices.Clone(j.Machines)
 	if j.Stop != nil {
 		st := *j.Stop
 		c.Stop = &st
@@ -99,14 +100,46 @@ func (j *Job) Bind(machine string, now time.Time, detail string) bool {
 	if j.State != StatePending {
 		return false
 	}
-	j.Machine = machine
+	j.Machine, j.Machines = machine, nil
 	j.Transit(now, StateProvisioning, "burst", detail)
 	return true
 }
 
+// BindGroup moves a waiting gang to provisioning on a group of burst
+// machines, one per member; it reports false when the job is not waiting.
+func (j *Job) BindGroup(machines []string, now time.Time, detail string) bool {
+	if j.State != StatePending || len(machines) == 0 {
+		return false
+	}
+	j.Machine, j.Machines = machines[0], slices.Clone(machines)
+	j.Transit(now, StateProvisioning, "burst", detail)
+	return true
+}
+
+// BoundTo reports whether the job waits for burst machine id (alone or
+// as one of its gang's machines).
+func (j *Job) BoundTo(id string) bool {
+	if j.State != StateProvisioning || j.Machine == "" {
+		return false
+	}
+	return j.Machine == id || slices.Contains(j.Machines, id)
+}
+
+// BoundMachines are the burst machines the job waits for: its gang's
+// group, or its one machine.
+func (j *Job) BoundMachines() []string {
+	if len(j.Machines) > 0 {
+		return j.Machines
+	}
+	if j.Machine != "" {
+		return []string{j.Machine}
+	}
+	return nil
+}
+
 // Unbind returns a job waiting for a burst machine to the queue.
 func (j *Job) Unbind(now time.Time, why string) {
-	j.Machine = ""
+	j.Machine, j.Machines = "", nil
 	j.Transit(now, StatePending, "burst_failed", why)
 }
 
@@ -117,7 +150,7 @@ func (j *Job) Preempted(ended time.Time, reason, detail string) {
 	j.Transit(ended, StatePreempted, reason, detail)
 	t := ended
 	j.LastCheckpointAt = &t
-	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Placements, j.Stop, j.Machine, j.Machines = nil, nil, "", nil
 	j.Transit(ended, StatePending, "requeued", "resumes from its checkpoint when placed again")
 }
 
@@ -130,7 +163,7 @@ func (j *Job) Lose(lostAt, now time.Time, reason, detail string) {
 		j.Transit(now, StateFailed, reason, "restartPolicy Never: not requeued")
 		return
 	}
-	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Placements, j.Stop, j.Machine, j.Machines = nil, nil, "", nil
 	j.Transit(now, StatePending, "requeued", "back in the queue after "+reason)
 }
 
@@ -172,7 +205,7 @@ func (j *Job) EndReclaimed(ended time.Time, exit string) time.Duration {
 	if j.Data != nil && cmp.Or(j.Data.Checkpoint, j.Data.Restored) != "" {
 		from = "checkpoint " + cmp.Or(j.Data.Checkpoint, j.Data.Restored)
 	}
-	j.Placements, j.Stop, j.Machine = nil, nil, ""
+	j.Placements, j.Stop, j.Machine, j.Machines = nil, nil, "", nil
 	j.Transit(ended, StatePending, "requeued", "resumes from "+from+" on another machine")
 	return lost
 }

@@ -122,6 +122,10 @@ type Machine struct {
 	Offer    providers.Offer     `json:"offer"`
 	State    broker.MachineState `json:"state"`
 	Team     string              `json:"team"`
+	// Group is the gang launch the machine belongs to (empty when it was
+	// launched alone): such a machine takes no other job, and its group
+	// scales down together.
+	Group string `json:"group,omitempty"`
 	// Jobs bound to the machine (waiting for it or running on it), and
 	// the GPUs they take.
 	Jobs     []string `json:"jobs,omitempty"`
@@ -166,17 +170,24 @@ type Input struct {
 	HomeRate billing.Amount `json:"homeRate,omitempty"`
 }
 
-// Launch is one machine to start, for these jobs.
+// Launch is one machine to start, for these jobs, or, for a gang, Nodes
+// identical machines of one offer (one zone, one placement group), one
+// per member, started all or none.
 type Launch struct {
 	Offer providers.Offer `json:"offer"`
 	// Fallbacks are the next offers that fit the same jobs, tried in order
 	// when the provider has no capacity or quota for Offer.
-	Fallbacks     []providers.Offer `json:"fallbacks,omitempty"`
-	Jobs          []string          `json:"jobs"`
-	Team          string            `json:"team"`
-	Queue         string            `json:"queue"`
-	GPUs          int               `json:"gpus"`
-	ProjectedCost billing.Amount    `json:"projectedCost"`
+	Fallbacks []providers.Offer `json:"fallbacks,omitempty"`
+	Jobs      []string          `json:"jobs"`
+	Team      string            `json:"team"`
+	Queue     string            `json:"queue"`
+	// GPUs are the GPUs the jobs take on each machine.
+	GPUs int `json:"gpus"`
+	// Nodes is how many machines to start: the gang's members (0 or 1 for
+	// a machine of its own).
+	Nodes int `json:"nodes,omitempty"`
+	// ProjectedCost is what the launch reserves: every machine's.
+	ProjectedCost billing.Amount `json:"projectedCost"`
 	// Hours is the time the projection charges for.
 	Hours float64 `json:"hours"`
 }
@@ -286,7 +297,7 @@ func Decide(in *Input) Decision {
 	spare := make([]int, len(in.Machines))
 	for i, m := range in.Machines {
 		spare[i] = -1
-		if (m.State.InFlight() || m.State == broker.MachineReady) && !stopping[m.ID] {
+		if (m.State.InFlight() || m.State == broker.MachineReady) && !stopping[m.ID] && m.Group == "" {
 			spare[i] = m.Offer.GPUs - m.GPUsUsed
 		}
 	}
@@ -302,10 +313,6 @@ func Decide(in *Input) Decision {
 		}
 		q := p.Queues[j.Queue]
 		if j.Burst == broker.BurstNever || q.Never {
-			continue
-		}
-		if j.Nodes > 1 {
-			d.Reasons[j.ID] = broker.PendingReason{Code: CodeNotEligible, Message: "gang jobs (nodes > 1) run on-prem only"}
 			continue
 		}
 		prefer := j.Burst == broker.BurstPrefer
@@ -327,6 +334,14 @@ func Decide(in *Input) Decision {
 		if !prefer && waited < minWait && !missesTarget {
 			d.Reasons[j.ID] = broker.PendingReason{Code: CodeMinWait,
 				Message: fmt.Sprintf("waiting %s of the %s minimum before bursting", broker.FormatDuration(waited.Truncate(time.Second)), broker.FormatDuration(minWait))}
+			continue
+		}
+		if j.Nodes > 1 {
+			if l, reason, ok := planGang(in, j, offers, budgets, &inFlight, perProvider); ok {
+				planned = append(planned, l)
+			} else {
+				d.Reasons[j.ID] = reason
+			}
 			continue
 		}
 		// A machine already on its way or idle with room, same team.
@@ -387,6 +402,49 @@ func inProgress(m *Machine) broker.PendingReason {
 		msg += fmt.Sprintf(" (%d/%d GPUs ready)", m.ReadyGPUs, m.Offer.GPUs)
 	}
 	return broker.PendingReason{Code: CodeInProgress, Message: msg}
+}
+
+// planGang plans the machines for gang j: Nodes machines of one offer,
+// each fitting one member, all or none. The in-flight caps count every
+// machine of the group (a group larger than a cap starts only when
+// nothing else is starting), and the budgets must take every machine's
+// projected cost.
+func planGang(in *Input, j Job, offers []providers.Offer, budgets map[string]Budget, inFlight *int, perProvider map[string]int) (*Launch, broker.PendingReason, bool) {
+	p := in.Policy
+	n := j.Nodes
+	fit := fitting(offers, j)
+	if len(fit) == 0 {
+		return nil, broker.PendingReason{Code: CodeNoOffer, Message: noOfferMessage(j) + " per node"}, false
+	}
+	if *inFlight >= p.MaxInFlight || (*inFlight > 0 && *inFlight+n > p.MaxInFlight) {
+		return nil, broker.PendingReason{Code: CodeCapped,
+			Message: fmt.Sprintf("burst capped: %d machines already starting, the gang needs %d (maxInFlight %d)", *inFlight, n, p.MaxInFlight)}, false
+	}
+	capOpen := map[string]int{}
+	for prov, k := range perProvider {
+		if p.MaxInFlightPerProvider > 0 && k > 0 && k+n > p.MaxInFlightPerProvider {
+			capOpen[prov] = p.MaxInFlightPerProvider // full for this gang
+		} else {
+			capOpen[prov] = 0
+		}
+	}
+	offer, fallbacks, ok := chooseOffer(fit, j, j.GPUs, capOpen, p.MaxInFlightPerProvider)
+	if !ok {
+		return nil, broker.PendingReason{Code: CodeCapped,
+			Message: fmt.Sprintf("burst capped: every provider with a fitting offer has machines starting and room for fewer than %d (maxInFlightPerProvider %d)", n, p.MaxInFlightPerProvider)}, false
+	}
+	hours := projectedDuration(j.Timeout, p.MaxLifetime).Hours()
+	cost := ProjectedCost(offer, j.Timeout, p.MaxLifetime) * billing.Amount(n)
+	if why, blocked := overBudget(budgets, j.Team, cost, in.Currency); blocked && !offer.Prepaid {
+		return nil, broker.PendingReason{Code: CodeBudget, Message: why}, false
+	}
+	if !offer.Prepaid {
+		charge(budgets, j.Team, cost)
+	}
+	*inFlight += n
+	perProvider[offer.Provider] += n
+	return &Launch{Offer: offer, Fallbacks: fallbacks, Jobs: []string{j.ID}, Team: j.Team, Queue: j.Queue,
+		GPUs: j.GPUs, Nodes: n, ProjectedCost: cost, Hours: hours}, broker.PendingReason{}, true
 }
 
 // offerFits reports whether one machine of o can run j.
@@ -503,6 +561,9 @@ func better(a, b providers.Offer) bool {
 
 func packInto(planned []*Launch, j Job) *Launch {
 	for _, l := range planned {
+		if l.Nodes > 1 {
+			continue // a gang's machines are its own
+		}
 		if l.Team == j.Team && l.GPUs+j.GPUs <= l.Offer.GPUs && offerFits(l.Offer, j) {
 			return l
 		}
@@ -613,6 +674,42 @@ func scaleDown(in *Input) []Stop {
 			out = append(out, Stop{Machine: id, Reason: "drained", Detail: "drained"})
 		}
 	}
+	out = withGroups(in.Machines, out)
 	slices.SortFunc(out, func(a, b Stop) int { return strings.Compare(a.Machine, b.Machine) })
 	return out
+}
+
+// withGroups adds to stops the other ready or draining machines of every
+// gang group one of whose machines stops: a group ends together.
+func withGroups(ms []Machine, stops []Stop) []Stop {
+	var groups map[string]Stop
+	stopped := map[string]bool{}
+	for _, s := range stops {
+		stopped[s.Machine] = true
+	}
+	for _, s := range stops {
+		for i := range ms {
+			if ms[i].ID == s.Machine && ms[i].Group != "" {
+				if groups == nil {
+					groups = map[string]Stop{}
+				}
+				if _, ok := groups[ms[i].Group]; !ok {
+					groups[ms[i].Group] = s
+				}
+			}
+		}
+	}
+	if groups == nil {
+		return stops
+	}
+	for i := range ms {
+		m := &ms[i]
+		s, ok := groups[m.Group]
+		if !ok || m.Group == "" || stopped[m.ID] || (m.State != broker.MachineReady && m.State != broker.MachineDraining) {
+			continue
+		}
+		stopped[m.ID] = true
+		stops = append(stops, Stop{Machine: m.ID, Reason: s.Reason, Detail: s.Detail + " (gang group " + m.Group + ")"})
+	}
+	return stops
 }

@@ -49,6 +49,7 @@ func (b *job) preemptible() *job               { b.j.Preemptible = true; return 
 func (b *job) model(m string) *job             { b.j.GPUModel = m; return b }
 func (b *job) team(t string) *job              { b.j.Team = t; return b }
 func (b *job) obj() Job                        { return b.j }
+func (b *job) nodes(n int) *job                { b.j.Nodes = n; return b }
 
 func input(alloc int, jobs ...Job) *Input {
 	return &Input{Now: now, Policy: DefaultPolicy(), OnPremGPUs: 100, OnPremAllocated: alloc, Pending: jobs,
@@ -80,7 +81,8 @@ func TestTrigger(t *testing.T) {
 		{"not yet past the minimum wait: waits", 95, false, mk("a").waited(time.Minute).obj(), false, CodeMinWait},
 		{"burst: prefer goes out at once, below threshold too", 10, false, mk("a").waited(time.Second).burst(broker.BurstPrefer).obj(), true, ""},
 		{"burst: never stays home", 100, false, mk("a").burst(broker.BurstNever).obj(), false, ""},
-		{"gang jobs stay on-prem", 100, false, func() Job { j := mk("a").gpus(8).obj(); j.Nodes = 2; return j }(), false, CodeNotEligible},
+		{"gang jobs burst too", 100, false, mk("a").gpus(8).nodes(2).obj(), true, ""},
+		{"gang jobs wait their minimum too", 100, false, mk("a").gpus(8).nodes(2).waited(time.Minute).obj(), false, CodeMinWait},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -319,5 +321,98 @@ func TestMoney(t *testing.T) {
 		if got := Money(usd(in)); got != want {
 			t.Errorf("Money(%s) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// TestGangLaunch: a gang of N nodes gets N machines of one offer, each
+// fitting one member (the cheapest per GPU-hour that fits a member, not
+// the whole gang), all or none, its budget charge N × the projected cost;
+// the fallbacks fit a member too.
+func TestGangLaunch(t *testing.T) {
+	g := mk("g").gpus(8).nodes(3).obj()
+	d := Decide(input(100, g))
+	if len(d.Launches) != 1 {
+		t.Fatalf("launches %+v, reasons %v", d.Launches, d.Reasons)
+	}
+	l := d.Launches[0]
+	if l.Nodes != 3 || l.GPUs != 8 || l.Offer.InstanceType != "a3-highgpu-8g" || !slices.Equal(l.Jobs, []string{"g"}) {
+		t.Fatalf("launch %d × %s for %v (%d GPUs each), want 3 × a3-highgpu-8g for [g] (8)", l.Nodes, l.Offer.InstanceType, l.Jobs, l.GPUs)
+	}
+	if want := ProjectedCost(l.Offer, g.Timeout, DefaultPolicy().MaxLifetime) * 3; l.ProjectedCost != want {
+		t.Fatalf("projected %s, want 3 machines' %s", Money(l.ProjectedCost), Money(want))
+	}
+	for _, f := range l.Fallbacks {
+		if f.GPUs < 8 || f.Spot {
+			t.Fatalf("fallback %s does not fit a member", f.Key())
+		}
+	}
+	// 2 hours × 88 × 3 = 528: a budget with 500 left takes none of them.
+	in := input(100, g)
+	in.Budgets[broker.GlobalScope] = Budget{Limit: usd("500")}
+	d = Decide(in)
+	if len(d.Launches) != 0 || d.Reasons["g"].Code != CodeBudget {
+		t.Fatalf("over budget for the whole gang: launches %+v, reason %+v", d.Launches, d.Reasons["g"])
+	}
+	// The gang's charge counts against the next job's budget.
+	in = input(100, g, mk("x").waited(4*time.Minute).obj())
+	in.Budgets[broker.GlobalScope] = Budget{Limit: usd("540")}
+	d = Decide(in)
+	if len(d.Launches) != 1 || d.Reasons["x"].Code != CodeBudget {
+		t.Fatalf("the gang's 528 leaves 12 for x: launches %+v, reasons %v", d.Launches, d.Reasons)
+	}
+}
+
+// TestGangCapsAndPacking: a gang's machines take nothing else, the caps
+// count all of them, and a gang bigger than a cap starts only alone.
+func TestGangCapsAndPacking(t *testing.T) {
+	g := mk("g").gpus(4).nodes(2).obj()
+	x := mk("x").waited(4 * time.Minute).gpus(1).obj()
+	d := Decide(input(100, g, x))
+	if len(d.Launches) != 2 {
+		t.Fatalf("want a group for g and a machine for x: %+v", d.Launches)
+	}
+	for _, l := range d.Launches {
+		if slices.Contains(l.Jobs, "g") && len(l.Jobs) != 1 {
+			t.Fatalf("a job packed onto the gang's machines: %v", l.Jobs)
+		}
+	}
+	// Machines starting count: 7 of 8 in flight leave no room for 2.
+	in := input(100, g)
+	for i := range 7 {
+		in.Machines = append(in.Machines, Machine{ID: "m" + string(rune('a'+i)), Provider: "aws", Offer: catalog[0], State: broker.MachineProvisioning, Team: "other"})
+	}
+	if d := Decide(in); len(d.Launches) != 0 || d.Reasons["g"].Code != CodeCapped {
+		t.Fatalf("7 in flight, cap 8, gang of 2: launches %+v, reason %+v", d.Launches, d.Reasons["g"])
+	}
+	// Alone, a gang larger than maxInFlight still goes.
+	big := mk("big").gpus(1).nodes(12).obj()
+	if d := Decide(input(100, big)); len(d.Launches) != 1 || d.Launches[0].Nodes != 12 {
+		t.Fatalf("a 12-node gang with nothing starting: launches %+v, reasons %v", d.Launches, d.Reasons)
+	}
+	// A ready machine of a group takes no other job.
+	in = input(100, x)
+	in.Machines = []Machine{{ID: "ga", Provider: "gcp", Offer: catalog[3], State: broker.MachineReady, Team: "nlp", Group: "ga"}}
+	if d := Decide(in); len(d.Binds) != 0 {
+		t.Fatalf("x bound to a gang's machine: %+v", d.Binds)
+	}
+}
+
+// TestGangGroupScalesDownTogether: when one machine of a group stops, the
+// others stop with it.
+func TestGangGroupScalesDownTogether(t *testing.T) {
+	in := input(0)
+	idle := now.Add(-time.Hour)
+	in.Machines = []Machine{
+		{ID: "ga", Provider: "gcp", Offer: catalog[3], State: broker.MachineReady, Team: "nlp", Group: "ga", IdleSince: idle},
+		{ID: "gb", Provider: "gcp", Offer: catalog[3], State: broker.MachineReady, Team: "nlp", Group: "ga", IdleSince: now.Add(-time.Minute)},
+		{ID: "solo", Provider: "gcp", Offer: catalog[3], State: broker.MachineReady, Team: "nlp", IdleSince: now.Add(-time.Minute)},
+	}
+	d := Decide(in)
+	var got []string
+	for _, s := range d.Stops {
+		got = append(got, s.Machine+":"+s.Reason)
+	}
+	if !slices.Equal(got, []string{"ga:idle", "gb:idle"}) {
+		t.Fatalf("stops %v, want ga and gb idle (the group together), solo kept", got)
 	}
 }

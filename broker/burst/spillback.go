@@ -161,6 +161,10 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 		if m.State != broker.MachineReady || stopping[m.ID] || len(jobs) == 0 || m.Offer.Prepaid {
 			continue
 		}
+		if m.Group != "" {
+			stays[m.ID] = "it runs a gang across its group " + m.Group + ", which moves home only by ending"
+			continue
+		}
 		if len(jobs) != len(m.Jobs) {
 			stay(m.ID, StayStarting, "jobs are still starting on it")
 			continue

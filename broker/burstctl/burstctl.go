@@ -155,7 +155,7 @@ func (c *Controller) Input(now time.Time, active bool, budgets map[string]burst.
 		if r.State.Ended() || r.SlurmNode != "" { // Slurm ends its nodes
 			continue
 		}
-		m := burst.Machine{ID: r.ID, Provider: r.Provider, Offer: r.Offer, State: r.State, Team: r.Team}
+		m := burst.Machine{ID: r.ID, Provider: r.Provider, Offer: r.Offer, State: r.State, Team: r.Team, Group: r.Group}
 		m.Jobs, m.GPUsUsed = f.MachineJobs(r.ID)
 		m.ReadyGPUs = f.ReadyGPUs(r.ID)
 		if r.LaunchedAt != nil {
@@ -222,6 +222,9 @@ func (c *Controller) Apply(ctx context.Context, now time.Time, d *burst.Decision
 }
 
 func (c *Controller) launch(ctx context.Context, now time.Time, l burst.Launch, d *burst.Decision) error {
+	if l.Nodes > 1 {
+		return c.launchGroup(ctx, now, l, d)
+	}
 	f := c.Fleet
 	id := f.NewRecordID(now)
 	rec := &broker.InstanceRecord{ID: id, Provider: l.Offer.Provider, Offer: l.Offer, Fallbacks: l.Fallbacks,
@@ -424,6 +427,18 @@ func (c *Controller) Launched(ctx context.Context, id string, now time.Time, ins
 	if r == nil {
 		return broker.ErrNotFound
 	}
+	if r.State != broker.MachineRequested {
+		// Its gang group was given up while it was created: the record
+		// keeps what was made, and the caller deletes it.
+		if r.ProviderID == "" {
+			rr := r.Clone()
+			rr.ProviderID = inst.ID
+			if err := c.Fleet.Commit(ctx, &Step{Records: []*broker.InstanceRecord{rr}}); err != nil {
+				return err
+			}
+		}
+		return ErrAbandoned
+	}
 	rr := r.Clone()
 	rr.ProviderID = inst.ID
 	rr.SSHHost, rr.SSHUser = inst.SSHHost, inst.SSHUser
@@ -444,6 +459,9 @@ func (c *Controller) Ready(ctx context.Context, id string, now time.Time) error 
 	if r == nil {
 		return broker.ErrNotFound
 	}
+	if r.State == broker.MachineTerminating || r.State.Ended() {
+		return ErrAbandoned
+	}
 	rr := r.Clone()
 	t := now
 	rr.ReadyAt = &t
@@ -462,6 +480,9 @@ func (c *Controller) Fail(ctx context.Context, id string, now time.Time, cause e
 	r := c.Fleet.Record(id)
 	if r == nil {
 		return nil, broker.ErrNotFound
+	}
+	if r.Group != "" {
+		return c.failGroup(ctx, r, now, cause)
 	}
 	rr := r.Clone()
 	jobs := c.unbind(id, now, "burst failed: "+cause.Error())

@@ -50,7 +50,7 @@ func (c *Controller) Reclaim(ctx context.Context, id string, now time.Time, rc b
 	changed := make([]*broker.Job, 0, len(waiting)+len(holding))
 	for _, j := range waiting {
 		jj := j.Clone()
-		jj.Machine = ""
+		jj.Machine, jj.Machines = "", nil
 		jj.Transit(now, broker.StatePending, broker.ReasonSpotReclaim, "burst machine "+id+" is being reclaimed before it ran the job: "+detail)
 		changed = append(changed, jj)
 	}

@@ -16,6 +16,9 @@ func (c *Controller) Running(ctx context.Context, id string, now time.Time, inst
 	if r == nil {
 		return broker.ErrNotFound
 	}
+	if r.State != broker.MachineProvisioning {
+		return ErrAbandoned
+	}
 	rr := r.Clone()
 	rr.SSHHost, rr.SSHUser = inst.SSHHost, inst.SSHUser
 	rr.Transit(now, broker.MachineBootstrapping, "running", "reachable at "+inst.SSHHost)

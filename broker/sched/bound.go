@@ -55,31 +55,51 @@ func placeBound(s *Snapshot, plan *Plan) {
 		}
 	}
 	for _, j := range bound {
-		n := byMachine[j.Machine]
-		if n == nil {
-			plan.Pending = append(plan.Pending, Pending{Job: j.ID, Reason: FixedReason(broker.PendingReason{
-				Code: "machine_not_ready", Message: fmt.Sprintf("waiting for burst machine %s to register", j.Machine)})})
+		machines := j.BoundMachines()
+		var nodes []*broker.Node
+		for _, id := range machines {
+			n := byMachine[id]
+			if n == nil {
+				plan.Pending = append(plan.Pending, Pending{Job: j.ID, Reason: FixedReason(broker.PendingReason{
+					Code: "machine_not_ready", Message: fmt.Sprintf("waiting for burst machine %s to register", id)})})
+				break
+			}
+			nodes = append(nodes, n)
+		}
+		if len(nodes) < len(machines) {
 			continue
 		}
-		var free []int
-		var uuids []string
-		for _, d := range n.HealthyGPUs() {
-			if !held[n.Name][d.Index] && len(free) < j.Spec.Resources.GPUs {
-				free = append(free, d.Index)
-				uuids = append(uuids, d.UUID)
+		// One member on each machine of the group (one machine alone for
+		// a job that is not a gang): all or none start.
+		placements := make([]broker.Placement, 0, len(nodes))
+		for _, n := range nodes {
+			var free []int
+			var uuids []string
+			for _, d := range n.HealthyGPUs() {
+				if !held[n.Name][d.Index] && len(free) < j.Spec.Resources.GPUs {
+					free = append(free, d.Index)
+					uuids = append(uuids, d.UUID)
+				}
+			}
+			if len(free) < j.Spec.Resources.GPUs {
+				plan.Pending = append(plan.Pending, Pending{Job: j.ID, Reason: FixedReason(broker.PendingReason{
+					Code: "machine_busy", Message: fmt.Sprintf("waiting for %d free GPUs on burst machine %s", j.Spec.Resources.GPUs, n.Instance)})})
+				placements = nil
+				break
+			}
+			placements = append(placements, broker.Placement{Node: n.Name, GPUs: free, UUIDs: uuids})
+		}
+		if placements == nil {
+			continue
+		}
+		for _, p := range placements {
+			if held[p.Node] == nil {
+				held[p.Node] = map[int]bool{}
+			}
+			for _, g := range p.GPUs {
+				held[p.Node][g] = true
 			}
 		}
-		if len(free) < j.Spec.Resources.GPUs {
-			plan.Pending = append(plan.Pending, Pending{Job: j.ID, Reason: FixedReason(broker.PendingReason{
-				Code: "machine_busy", Message: fmt.Sprintf("waiting for %d free GPUs on burst machine %s", j.Spec.Resources.GPUs, j.Machine)})})
-			continue
-		}
-		if held[n.Name] == nil {
-			held[n.Name] = map[int]bool{}
-		}
-		for _, g := range free {
-			held[n.Name][g] = true
-		}
-		plan.Starts = append(plan.Starts, Start{Job: j.ID, Placements: []broker.Placement{{Node: n.Name, GPUs: free, UUIDs: uuids}}})
+		plan.Starts = append(plan.Starts, Start{Job: j.ID, Placements: placements})
 	}
 }

@@ -390,7 +390,7 @@ func (s *Server) machineJobsLocked(id string) ([]string, int) {
 		}
 	}
 	for jid, j := range s.jobs {
-		if j.State == broker.StateProvisioning && j.Machine == id && !seen[jid] {
+		if j.BoundTo(id) && !seen[jid] {
 			seen[jid] = true
 			out = append(out, jid)
 			gpus += j.Spec.Resources.GPUs
@@ -462,6 +462,21 @@ func (s *Server) update(ctx context.Context, id string, fn func(r *broker.Instan
 	return rr.Clone(), nil
 }
 
+// errAbandoned ends a launch worker whose record its gang group gave up
+// (burstctl.GroupNextOffer, burstctl.ErrAbandoned at create): nothing is
+// left for it to do.
+var errAbandoned = errors.New("launch abandoned")
+
+// placementName is the placement group of a gang's machines (EC2 cluster
+// placement group, GCE compact placement policy): one per group, named
+// after it; empty for a machine launched alone.
+func placementName(r *broker.InstanceRecord) string {
+	if r.Group == "" {
+		return ""
+	}
+	return "spillway-" + strings.ReplaceAll(safeTag(r.Group), "_", "-")
+}
+
 // errStep marks a failure that ends the machine's launch.
 type errStep struct {
 	step string
@@ -495,6 +510,9 @@ func (s *Server) launchWorker(ctx context.Context, id string) {
 		default:
 			return
 		}
+		if errors.Is(err, errAbandoned) {
+			return // the group moved on without this record
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -523,13 +541,44 @@ func (s *Server) stepCreate(ctx context.Context, rec *broker.InstanceRecord, pro
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 		inst, err := prov.Create(cctx, providers.CreateRequest{RecordID: rec.ID, Offer: rec.Offer, Tags: tags,
-			SSHAuthorizedKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.burst.signer.PublicKey())))})
+			SSHAuthorizedKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.burst.signer.PublicKey()))),
+			Placement:        placementName(rec)})
 		cancel()
 		switch {
 		case err == nil:
-			return s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+			err := s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
 				return c.Launched(ctx, rec.ID, now, *inst)
 			})
+			if errors.Is(err, burstctl.ErrAbandoned) {
+				// Its gang group was given up while this member was being
+				// created: delete it now (the reconciler would, later).
+				s.log.Info("burst machine created for a group given up; deleting it", "record", rec.ID, "instance", inst.ID)
+				dctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+				if err := prov.Delete(dctx, inst.ID); err != nil && !providers.IsNotFound(err) {
+					s.log.Warn("delete abandoned burst machine; the reconciler will", "record", rec.ID, "err", err)
+				}
+				cancel()
+				_, _ = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, _ time.Time) ([]*broker.Job, func(broker.Tx) error) {
+					r.Deletes++
+					return nil, nil
+				})
+				return errAbandoned
+			}
+			return err
+		case providers.IsNextOffer(err) && rec.Group != "":
+			// A gang's machines are one offer: the whole group moves on.
+			s.noteCapacityError(rec.Offer, err)
+			cause := err
+			ok := false
+			if err := s.withBurstCtl(func(c *burstctl.Controller, now time.Time) error {
+				var err error
+				ok, err = c.GroupNextOffer(ctx, rec.ID, now, cause)
+				return err
+			}); err != nil {
+				return &errStep{"create", err}
+			}
+			s.log.Info("burst offer unavailable for a gang member; the group moves on", "record", rec.ID, "group", rec.Group, "err", cause, "next", ok)
+			return errAbandoned
 		case providers.IsNextOffer(err):
 			s.noteCapacityError(rec.Offer, err)
 			var next providers.Offer
@@ -781,6 +830,29 @@ func (s *Server) terminateWorker(ctx context.Context, id string) {
 		return
 	}
 	s.closeRecord(ctx, id, "deleted", "the provider reports the machine gone", time.Time{})
+	s.dropPlacement(ctx, rec, prov)
+}
+
+// dropPlacement deletes a gang group's placement group once the last of
+// its machines is gone.
+func (s *Server) dropPlacement(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) {
+	pl, ok := prov.(providers.Placer)
+	if rec.Group == "" || !ok {
+		return
+	}
+	s.mu.Lock()
+	for _, r := range s.burst.instances {
+		if r.Group == rec.Group && !r.State.Ended() {
+			s.mu.Unlock()
+			return
+		}
+	}
+	s.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := pl.DeletePlacement(cctx, placementName(rec)); err != nil {
+		s.log.Warn("delete placement group", "group", rec.Group, "err", err)
+	}
 }
 
 // gone reports whether the provider no longer knows machine id.

@@ -92,7 +92,7 @@ func (f serverFleet) MachineJobs(id string) ([]string, int) { return f.s.machine
 func (f serverFleet) OnMachine(id string) (waiting, holding []*broker.Job) {
 	s := f.s
 	for _, j := range s.jobs {
-		if j.State == broker.StateProvisioning && j.Machine == id {
+		if j.BoundTo(id) {
 			waiting = append(waiting, j)
 		}
 	}

@@ -330,7 +330,7 @@ func (s *Server) finishGangLocked(j *broker.Job, now time.Time) {
 	switch {
 	case stop != nil && stop.Reason == reasonPreflightFailed:
 		// Nothing ran: back to the queue, away from the pairing.
-		j.Placements, j.Stop, j.Machine = nil, nil, ""
+		j.Placements, j.Stop, j.Machine, j.Machines = nil, nil, "", nil
 		j.Transit(last, broker.StatePending, reasonPreflightFailed, stop.Detail+"; requeued")
 	case stop != nil && stop.Reason == reasonGangMemberLost:
 		j.Stop = nil

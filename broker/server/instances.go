@@ -32,7 +32,7 @@ func (s *Server) instanceViews(c echo.Context, only string) ([]api.InstanceView,
 			v.RunningJobs = append(v.RunningJobs, jid)
 		}
 		for jid, j := range s.jobs {
-			if j.State == broker.StateProvisioning && j.Machine == id {
+			if j.BoundTo(id) {
 				v.WaitingJobs = append(v.WaitingJobs, jid)
 			}
 		}

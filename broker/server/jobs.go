@@ -36,8 +36,9 @@ func (s *Server) configSpecLimits() broker.SpecLimits {
 	return l.lim
 }
 
-// specLimits is the config's limits plus what the live inventory allows:
-// no job may ask for more GPUs than the largest node has.
+// specLimits is the config's limits plus what the live inventory and the
+// burst offers allow: no job may ask for more GPUs per node than the
+// largest node or cloud offer has.
 func (s *Server) specLimitsLocked() broker.SpecLimits {
 	lim := s.configSpecLimits()
 	largest, mem := 0, int64(0)
@@ -45,6 +46,17 @@ func (s *Server) specLimitsLocked() broker.SpecLimits {
 		largest = max(largest, len(n.Inventory.Devices))
 		for _, d := range n.Inventory.Devices {
 			mem = max(mem, d.MemoryBytes)
+		}
+	}
+	for name, offers := range s.burst.offers {
+		if _, ok := s.burst.providers[name]; !ok {
+			continue
+		}
+		for _, o := range offers {
+			if o.Available {
+				largest = max(largest, o.GPUs)
+				mem = max(mem, o.GPUMemoryBytes)
+			}
 		}
 	}
 	if largest > 0 {

@@ -426,7 +426,7 @@ func (s *Server) endAttempt(j *broker.Job, r agentapi.JobReport, now time.Time) 
 		backoff := retryBackoff(j.Retries)
 		nb := ended.Add(backoff)
 		j.NotBefore = &nb
-		j.Placements, j.Machine = nil, ""
+		j.Placements, j.Machine, j.Machines = nil, "", nil
 		j.Transit(ended, broker.StatePending, "retry",
 			fmt.Sprintf("%s; retry %d/%d after %s", exit, j.Retries, j.Spec.MaxRetries, broker.FormatDuration(backoff)))
 	default:

@@ -78,10 +78,13 @@ type sjob struct {
 	// runFrom is when the current attempt took its cards.
 	runFrom    time.Time
 	firstStart time.Time
-	onPrem     int      // GPUs of the current attempt on on-prem nodes
-	on         *machine // burst machine of the current attempt
-	// bound is the burst machine the job waits for (state provisioning).
-	bound         *machine
+	onPrem     int // GPUs of the current attempt on on-prem nodes
+	// on are the burst machines of the current attempt (a gang's group, or
+	// one machine).
+	on []*machine
+	// bound are the burst machines the job waits for (state
+	// provisioning): one, or a gang's group.
+	bound         []*machine
 	minWait       time.Duration
 	burstStarts   int
 	budgetBlocked bool
@@ -197,6 +200,10 @@ type engine struct {
 	snap sched.Snapshot
 	rec  recorder
 	res  *Result
+	// settling are the metered entries the next settle settles, one per
+	// settleKey (settleIdx).
+	settling  []billing.Entry
+	settleIdx map[settleKey]int
 }
 
 // Run replays tr on cluster c under policy p.
@@ -441,11 +448,11 @@ func (e *engine) handle(ev event) bool {
 		if sj.j.Attempt != ev.attempt || !sj.j.State.Holding() {
 			return false
 		}
-		m := sj.on
+		on := sj.on
 		e.release(sj)
 		sj.j.Transit(e.now, broker.StateSucceeded, "exited", "exit code 0")
 		e.retire(sj)
-		if m != nil && len(m.bound) == 0 && !e.heldLimits {
+		if len(on) > 0 && noneBound(on) && !e.heldLimits {
 			// Cards freed on a burst machine no job waits for change no
 			// decision of the scheduler's (it places nothing else there,
 			// and no quota or queue reservation counts them): only the
@@ -505,12 +512,12 @@ func (e *engine) release(sj *sjob) {
 	}
 	sj.onPrem = 0
 	gpus := sj.j.TotalGPUs()
-	if m := sj.on; m != nil {
+	for _, m := range sj.on {
 		m.running = removeJob(m.running, sj)
 		m.dropJob(sj)
 		m.allocs = append(m.allocs, e.allocation(sj, m, e.now))
-		sj.on = nil
 	}
+	sj.on = nil
 	e.usageHeld[sj.t.Team] -= gpus
 	e.usage.Release(sj.t.Team, gpus, sj.runFrom, e.now)
 }
@@ -551,6 +558,25 @@ func (e *engine) retire(sj *sjob) {
 		e.live[k].live = k
 	}
 	sj.live = -1
+}
+
+// noneBound reports whether no job waits for any of the machines.
+func noneBound(ms []*machine) bool {
+	for _, m := range ms {
+		if len(m.bound) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// unboundFrom takes a job off the machines it waited for.
+func (e *engine) unboundFrom(sj *sjob) {
+	for _, m := range sj.bound {
+		m.bound = removeJob(m.bound, sj)
+		m.dropJob(sj)
+	}
+	sj.bound = nil
 }
 
 func removeJob(js []*sjob, sj *sjob) []*sjob {
@@ -610,7 +636,7 @@ func (e *engine) snapshot() {
 		}
 	}
 	for _, sj := range e.live {
-		if m := sj.on; m != nil && len(m.bound) == 0 {
+		if len(sj.on) > 0 && noneBound(sj.on) {
 			continue
 		}
 		e.snap.Jobs = append(e.snap.Jobs, sj.j)
@@ -644,11 +670,7 @@ func (e *engine) apply(plan *sched.Plan) {
 		j := sj.j
 		if j.State == broker.StateProvisioning {
 			e.provisioning--
-			if sj.bound != nil {
-				sj.bound.bound = removeJob(sj.bound.bound, sj)
-				sj.bound.dropJob(sj)
-				sj.bound = nil
-			}
+			e.unboundFrom(sj)
 		} else {
 			e.pending--
 		}
@@ -665,8 +687,8 @@ func (e *engine) apply(plan *sched.Plan) {
 		}
 		for _, p := range st.Placements {
 			if m := e.byNode[p.Node]; m != nil {
-				if sj.on == nil {
-					sj.on = m
+				if !slices.Contains(sj.on, m) {
+					sj.on = append(sj.on, m)
 					m.running = append(m.running, sj)
 					m.addJob(sj)
 				}
@@ -679,11 +701,11 @@ func (e *engine) apply(plan *sched.Plan) {
 			e.holdHome(sj, 1)
 		}
 		e.usageHeld[sj.t.Team] += j.TotalGPUs()
-		if sj.on != nil {
+		if len(sj.on) > 0 {
 			sj.burstStarts++
 		}
 		if e.opt.RecordStarts {
-			e.res.Starts = append(e.res.Starts, Start{Job: j.ID, At: e.now, Attempt: j.Attempt, Nodes: j.Nodes(), Burst: sj.on != nil})
+			e.res.Starts = append(e.res.Starts, Start{Job: j.ID, At: e.now, Attempt: j.Attempt, Nodes: j.Nodes(), Burst: len(sj.on) > 0})
 		}
 		e.push(event{at: e.now.Add(sj.remaining), kind: evFinish, job: sj, attempt: j.Attempt})
 		if to := j.Spec.Timeout.D(); to > 0 && sj.remaining > to {
@@ -720,12 +742,24 @@ func (e *engine) stopRequested(sj *sjob) {
 	case broker.ReasonSpotReclaim:
 		// The job saves its work unless its checkpoint takes longer than
 		// the grace the notice leaves: then it runs until the machine goes.
-		if st := sj.j.Stop; e.c.CheckpointTime > st.Grace && sj.on != nil && sj.on.rec.Reclaim != nil {
-			e.push(event{at: sj.on.rec.Reclaim.At, kind: evStopped, job: sj, attempt: sj.j.Attempt})
+		if at, ok := reclaimedAt(sj.on); ok && e.c.CheckpointTime > sj.j.Stop.Grace {
+			e.push(event{at: at, kind: evStopped, job: sj, attempt: sj.j.Attempt})
 			return
 		}
 	}
 	e.push(event{at: e.now.Add(e.c.CheckpointTime), kind: evStopped, job: sj, attempt: sj.j.Attempt})
+}
+
+// reclaimedAt is the earliest time a provider takes back one of a job's
+// machines (a gang runs on several), if it takes any.
+func reclaimedAt(on []*machine) (time.Time, bool) {
+	var at time.Time
+	for _, m := range on {
+		if r := m.rec.Reclaim; r != nil && (at.IsZero() || r.At.Before(at)) {
+			at = r.At
+		}
+	}
+	return at, !at.IsZero()
 }
 
 // wantWake asks for a scheduling cycle at t.

@@ -281,24 +281,20 @@ func (e *engine) putJob(nj *broker.Job) {
 	old := sj.j
 	switch {
 	case old.State == broker.StatePending && nj.State == broker.StateProvisioning:
-		m := e.machineByID(nj.Machine)
-		sj.bound = m
 		sj.why, sj.est = "", nil
-		m.bound = append(m.bound, sj)
 		sj.j = nj
-		m.addJob(sj)
+		e.bindTo(sj, nj)
 		e.pending--
 		e.provisioning++
-		if m.rec.State == broker.MachineReady {
-			// The scheduler's next cycle starts it there (placeBound).
-			e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
-		}
+		return
+	case old.State == broker.StateProvisioning && nj.State == broker.StateProvisioning && !slices.Equal(old.BoundMachines(), nj.BoundMachines()):
+		// A gang moved to a new group (burstctl.GroupNextOffer).
+		e.unboundFrom(sj)
+		sj.j = nj
+		e.bindTo(sj, nj)
 		return
 	case old.State == broker.StateProvisioning && nj.State != broker.StateProvisioning:
-		m := sj.bound
-		m.bound = removeJob(m.bound, sj)
-		m.dropJob(sj)
-		sj.bound = nil
+		e.unboundFrom(sj)
 		e.provisioning--
 		e.pending++
 	case old.State.Holding() && !nj.State.Holding():
@@ -316,6 +312,26 @@ func (e *engine) putJob(nj *broker.Job) {
 	}
 }
 
+// bindTo puts a job on the machines it is bound to (one, or its gang's
+// group).
+func (e *engine) bindTo(sj *sjob, j *broker.Job) {
+	ready := true
+	for _, id := range j.BoundMachines() {
+		m := e.machineByID(id)
+		if m == nil {
+			continue
+		}
+		sj.bound = append(sj.bound, m)
+		m.bound = append(m.bound, sj)
+		m.addJob(sj)
+		ready = ready && m.rec.State == broker.MachineReady
+	}
+	if ready {
+		// The scheduler's next cycle starts it there (placeBound).
+		e.wantWake(e.now.Add(e.c.Config.Scheduler.Interval.D()))
+	}
+}
+
 // errNoCapacity is the simulated provider's answer for a draw of
 // CapacityFailureRate.
 var errNoCapacity = errors.New("insufficient capacity (simulated)")
@@ -326,8 +342,22 @@ var errNoCapacity = errors.New("insufficient capacity (simulated)")
 func (f simFleet) Launch(ctx context.Context, id string) {
 	e := f.e
 	for {
+		m := e.machineByID(id)
+		if m == nil || m.rec.State != broker.MachineRequested {
+			return // its gang group was given up
+		}
 		if e.capRNG.Float64() < e.c.CapacityFailureRate {
 			e.res.CapacityErrors++
+			if m.rec.Group != "" {
+				// A gang's machines are one offer: the group moves on.
+				ok, err := e.ctl.GroupNextOffer(ctx, id, e.now, errNoCapacity)
+				if err != nil {
+					e.fail(err)
+				} else if !ok {
+					e.res.LaunchFailures++
+				}
+				return
+			}
 			_, ok, err := e.ctl.NextOffer(ctx, id, e.now, errNoCapacity)
 			if err == nil && !ok {
 				e.res.LaunchFailures++
@@ -352,7 +382,6 @@ func (f simFleet) Launch(ctx context.Context, id string) {
 			e.fail(err)
 			return
 		}
-		m := e.machineByID(id)
 		e.push(event{at: e.now.Add(e.leadTime(m.rec.Offer)), kind: evReady, m: m})
 		e.drawReclaim(m)
 		return
@@ -419,6 +448,59 @@ func (e *engine) meterMachines(now time.Time) {
 		e.res.bootMillis += int64(m.rec.Offer.GPUs) * boot.Sub(*m.rec.LaunchedAt).Milliseconds()
 		return true
 	})
+	e.settle()
+}
+
+// settleKey is what settling an entry touches: its team's and the global
+// month of its start, and its machine's reservation.
+type settleKey struct {
+	instance, team string
+	month          time.Time
+}
+
+// toSettle adds metered entries to what the next settle settles, summed
+// by settleKey.
+func (e *engine) toSettle(entries []billing.Entry) {
+	for _, en := range entries {
+		if en.Pool.Kind == billing.PoolOnPrem || en.Cost == 0 {
+			continue
+		}
+		k := settleKey{en.Pool.InstanceID, en.Team, billing.MonthOf(en.Start, e.ctl.Zone).From}
+		if i, ok := e.settleIdx[k]; ok {
+			e.settling[i].Cost += en.Cost
+			continue
+		}
+		if e.settleIdx == nil {
+			e.settleIdx = map[settleKey]int{}
+		}
+		e.settleIdx[k] = len(e.settling)
+		e.settling = append(e.settling, en)
+	}
+}
+
+// settle settles what the machines' meters produced, in one transaction,
+// with broker.Settle: the spend in each team's month and the machines'
+// reservations covered. Settling is additive (a reservation's remaining
+// amount telescopes), so one entry per settleKey, its cost the sum, leaves
+// the budgets as settling each entry would, for a fraction of the store
+// reads.
+func (e *engine) settle() {
+	if len(e.settling) == 0 {
+		return
+	}
+	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
+		for _, en := range e.settling {
+			if err := broker.Settle(tx, en, e.ctl.Zone); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.fail(err)
+	}
+	e.settling = e.settling[:0]
+	clear(e.settleIdx)
 }
 
 // meter meters one machine from its cursor up to now.
@@ -450,17 +532,7 @@ func (e *engine) meter(m *machine, now time.Time) {
 			m.counted[en.ID] = en.Start
 		}
 	}
-	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
-		for _, en := range out.Entries {
-			if err := broker.Settle(tx, en, e.ctl.Zone); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		e.fail(err)
-	}
+	e.toSettle(out.Entries)
 	r := e.res
 	for _, en := range out.Entries {
 		switch en.Kind {
@@ -484,5 +556,5 @@ func (e *engine) meter(m *machine, now time.Time) {
 func (e *engine) allocation(sj *sjob, m *machine, end time.Time) billing.Allocation {
 	return billing.Allocation{Job: sj.t.ID, Attempt: sj.j.Attempt, Team: sj.t.Team, Queue: sj.t.Queue,
 		Pool: burstctl.Pool(m.rec, ""), GPUModel: m.rec.Offer.GPUModel, Spot: m.rec.Offer.Spot,
-		GPUMilli: int64(sj.j.TotalGPUs()) * 1000, Start: sj.runFrom, End: end}
+		GPUMilli: int64(sj.j.Spec.Resources.GPUs) * 1000, Start: sj.runFrom, End: end}
 }

@@ -626,3 +626,84 @@ func TestSnapshotWithoutIdleBurstNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestGangsBurst replays three 2-node gangs (8 GPUs on 4-GPU nodes) at
+// once: one fills the cluster, and under every policy that bursts the two
+// others go out, each to a group of two 4-GPU machines of one offer,
+// started and ended together, through the broker's own burstctl. With
+// capacity failures, a group whose member finds no capacity is given up
+// whole and the gang tried on the next offer; every gang still ends, and
+// no machine is left.
+func TestGangsBurst(t *testing.T) {
+	rows := []string{"0,3600,8,a,medium,default", "0,3600,8,a,medium,default", "0,3600,8,a,medium,default"}
+	tr := csvTrace(t, rows...)
+	pols := strings.Split(AllPolicies, ",")
+	for _, withFailures := range []bool{false, true} {
+		yaml := testCluster
+		if withFailures {
+			yaml = strings.Replace(yaml, "leadTime: {p50: 1m, p99: 1m, max: 1m}", "leadTime: {p50: 1m, p99: 1m, max: 1m}\n  capacityFailureRate: 0.5", 1)
+			yaml = strings.Replace(yaml, "offers:\n", "offers:\n  - {provider: other, region: r2, instanceType: big2, gpuModel: V100, gpus: 4, gpuMemory: 16Gi, pricePerHour: \"9\"}\n", 1)
+		}
+		c := cluster(t, yaml)
+		for _, pol := range pols {
+			if pol == PolicyNoBurst {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/failures=%v", pol, withFailures), func(t *testing.T) {
+				r := run(t, tr, c, pol, Options{Seed: 7, RecordStarts: true, RecordMachines: true})
+				if r.Succeeded != 3 || r.MultiNodeJobs != 3 {
+					t.Fatalf("%d succeeded of %d gangs, want 3 of 3", r.Succeeded, r.MultiNodeJobs)
+				}
+				if r.JobsOnBurst != 2 {
+					t.Fatalf("%d gangs ran on burst machines, want 2", r.JobsOnBurst)
+				}
+				for _, s := range r.Starts {
+					if s.Burst && len(s.Nodes) != 2 {
+						t.Errorf("gang %s started on burst nodes %v, want 2", s.Job, s.Nodes)
+					}
+				}
+				groups := map[string][]*broker.InstanceRecord{}
+				for _, m := range r.MachineRecords {
+					if m.Group == "" || m.GroupSize != 2 {
+						t.Fatalf("machine %s launched for a gang is in group %q of %d", m.ID, m.Group, m.GroupSize)
+					}
+					if !m.State.Ended() {
+						t.Fatalf("machine %s left %s", m.ID, m.State)
+					}
+					groups[m.Group] = append(groups[m.Group], m)
+				}
+				ran := 0
+				for g, ms := range groups {
+					if len(ms) != 2 {
+						t.Fatalf("group %s has %d machines, want 2", g, len(ms))
+					}
+					if ms[0].Offer.Key() != ms[1].Offer.Key() {
+						t.Errorf("group %s mixes offers %s and %s", g, ms[0].Offer.Key(), ms[1].Offer.Key())
+					}
+					ready := 0
+					for _, m := range ms {
+						if m.ReadyAt != nil {
+							ready++
+						}
+					}
+					switch ready {
+					case 2:
+						ran++
+					case 1:
+						t.Errorf("group %s: one member ready and one not", g)
+					}
+				}
+				if ran != 2 {
+					t.Errorf("%d groups ran, want 2", ran)
+				}
+				if !withFailures && (len(groups) != 2 || r.CapacityErrors != 0) {
+					t.Errorf("%d groups launched without failures, want 2", len(groups))
+				}
+				t.Logf("%d capacity errors, %d groups launched, %d launch failures", r.CapacityErrors, len(groups), r.LaunchFailures)
+				if withFailures && r.CapacityErrors == 0 {
+					t.Errorf("no capacity failure drawn: the case tests nothing")
+				}
+			})
+		}
+	}
+}

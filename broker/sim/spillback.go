@@ -49,6 +49,9 @@ func (e *engine) ownedIdleForBurst() int {
 	}
 	var sizes []int
 	for _, m := range e.alive {
+		if m.rec.Group != "" {
+			continue // a gang's group moves home only by ending
+		}
 		for _, sj := range m.running {
 			sizes = append(sizes, sj.j.TotalGPUs())
 		}

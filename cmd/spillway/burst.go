@@ -48,7 +48,11 @@ func burstCmd(g *globals) *cobra.Command {
 						if l.Offer.Prepaid {
 							market = "leased"
 						}
-						fmt.Fprintf(w, "launch\t%s %s %s (%s, %d GPUs)\tfor %s\tteam %s\tprojected %s %s (%.1fh)\n", l.Offer.Provider, l.Offer.Region,
+						count := ""
+						if l.Nodes > 1 {
+							count = fmt.Sprintf("%d × ", l.Nodes) // a gang's group
+						}
+						fmt.Fprintf(w, "launch\t%s%s %s %s (%s, %d GPUs)\tfor %s\tteam %s\tprojected %s %s (%.1fh)\n", count, l.Offer.Provider, l.Offer.Region,
 							l.Offer.InstanceType, market, l.Offer.GPUs, strings.Join(l.Jobs, ","), l.Team, burst.Money(l.ProjectedCost), in.Currency, l.Hours)
 					}
 					for _, b := range d.Binds {

@@ -72,6 +72,7 @@ type EC2 struct {
 	order     []string
 	tokens    map[string]string // client token → instance id
 	failNext  map[string]string // action → error code
+	failNth   map[string]nthFailure
 	groups    map[string]*placementGroup
 	calls     map[string]int
 	seq       int
@@ -149,6 +150,24 @@ func (e *EC2) FailNext(action, code string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.failNext[action] = code
+}
+
+// nthFailure is an injected failure of the nth call from now.
+type nthFailure struct {
+	n    int
+	code string
+}
+
+// FailNth makes the nth call of action from now (1 is the next) fail with
+// the EC2 error code: FailNth("RunInstances", 2,
+// "InsufficientInstanceCapacity") refuses a gang's second member.
+func (e *EC2) FailNth(action string, n int, code string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.failNth == nil {
+		e.failNth = map[string]nthFailure{}
+	}
+	e.failNth[action] = nthFailure{n: n, code: code}
 }
 
 // SetCapacity caps live instances of instanceType.
@@ -248,6 +267,19 @@ func (e *EC2) serve(w http.ResponseWriter, r *http.Request) {
 		delete(e.failNext, action)
 		writeEC2Error(w, code, "injected failure")
 		return
+	}
+	if nf, ok := e.failNth[action]; ok {
+		if nf.n--; nf.n > 0 {
+			e.failNth[action] = nf
+		} else {
+			delete(e.failNth, action)
+			msg := "injected failure"
+			if nf.code == "InsufficientInstanceCapacity" {
+				msg = "We currently do not have sufficient " + f.Get("InstanceType") + " capacity in the Availability Zone you requested."
+			}
+			writeEC2Error(w, nf.code, msg)
+			return
+		}
 	}
 	switch action {
 	case "RunInstances":

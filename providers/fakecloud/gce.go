@@ -53,6 +53,8 @@ type GCE struct {
 	ops       map[string]*computepb.Operation // name → operation
 	requests  map[string]string               // requestId → operation name
 	failNext  map[string]gceFailure
+	failNthOp nthFailure
+	policies  map[string]*computepb.ResourcePolicy // region/name
 	calls     map[string]int
 	seq       int
 }
@@ -71,6 +73,7 @@ type gceInstance struct {
 	m         *machine
 	attrKey   ssh.PublicKey // overrides the published key when set
 	requestID string
+	policies  []string // resource policies, region/name
 }
 
 // StartGCE starts a fake Compute Engine endpoint on 127.0.0.1. Close ends
@@ -216,6 +219,9 @@ func (g *GCE) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.reap()
+	if g.serveRegion(w, r) {
+		return
+	}
 	if m := operationsPath.FindStringSubmatch(r.URL.Path); m != nil {
 		g.calls["operations"]++
 		op, ok := g.ops[m[3]]
@@ -334,6 +340,11 @@ func (g *GCE) insert(w http.ResponseWriter, r *http.Request, zone string) {
 		writeGoogleError(w, http.StatusBadRequest, "invalid", "name, machineType and a boot disk are required")
 		return
 	}
+	policies, status, reason, msg := g.checkPolicies(res, zone)
+	if status != 0 {
+		writeGoogleError(w, status, reason, msg)
+		return
+	}
 	if _, ok := g.instances[zone+"/"+name]; ok {
 		writeGoogleError(w, http.StatusConflict, "alreadyExists", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' already exists", g.opts.Project, zone, name))
 		return
@@ -344,6 +355,15 @@ func (g *GCE) insert(w http.ResponseWriter, r *http.Request, zone string) {
 		g.requests[reqID] = op.GetName()
 	}
 	mt := path.Base(res.GetMachineType())
+	if code, ok := g.nthOperationFailure(); ok {
+		status := int32(http.StatusForbidden)
+		if strings.Contains(code, "EXHAUSTED") {
+			status = http.StatusServiceUnavailable
+		}
+		finish(op, code, status, "injected failure of this insert: "+code)
+		writeProto(w, running(op))
+		return
+	}
 	if f, ok := g.failNext["operation"]; ok {
 		delete(g.failNext, "operation")
 		status := int32(http.StatusForbidden)
@@ -391,7 +411,7 @@ func (g *GCE) insert(w http.ResponseWriter, r *http.Request, zone string) {
 			ac.NatIP = ptrTo(mach.ip)
 		}
 	}
-	g.instances[zone+"/"+name] = &gceInstance{res: res, zone: zone, created: time.Now(), m: mach, requestID: reqID}
+	g.instances[zone+"/"+name] = &gceInstance{res: res, zone: zone, created: time.Now(), m: mach, requestID: reqID, policies: policies}
 	g.order = append(g.order, zone+"/"+name)
 	finish(op, "", 0, "")
 	writeProto(w, running(op))

@@ -144,6 +144,9 @@ type Provider struct {
 	cfg Config
 	ins InstancesAPI
 	ops OperationsAPI
+	// pol and rops make a gang's compact placement policy (placement.go).
+	pol  PoliciesAPI
+	rops RegionOperationsAPI
 }
 
 // New builds a provider on the REST clients, with Application Default
@@ -164,7 +167,13 @@ func New(ctx context.Context, cfg Config, opts ...option.ClientOption) (*Provide
 		ins.Close()
 		return nil, fmt.Errorf("create zone operations client: %w", err)
 	}
-	return &Provider{cfg: cfg, ins: ins, ops: ops}, nil
+	pol, rops, err := placementClients(ctx, opts)
+	if err != nil {
+		ins.Close()
+		ops.Close()
+		return nil, err
+	}
+	return &Provider{cfg: cfg, ins: ins, ops: ops, pol: pol, rops: rops}, nil
 }
 
 // NewWithAPI builds a provider on given clients.
@@ -298,6 +307,13 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) (*pr
 	inst, err := p.instanceResource(req, offer)
 	if err != nil {
 		return nil, providers.NewError(providers.ErrInvalidRequest, providerKind, "create", "", err)
+	}
+	if req.Placement != "" {
+		link, err := p.ensurePlacement(ctx, offer.Zone, req.Placement)
+		if err != nil {
+			return nil, err
+		}
+		inst.ResourcePolicies = []string{link}
 	}
 	op, err := p.ins.Insert(ctx, &computepb.InsertInstanceRequest{
 		Project: p.cfg.Project, Zone: offer.Zone, RequestId: ptr(RequestID(req.RecordID)), InstanceResource: inst,

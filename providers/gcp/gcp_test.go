@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -288,5 +289,64 @@ func TestHostKeysComeFromGuestAttributes(t *testing.T) {
 	}
 	if len(keys) != 1 || ssh.FingerprintSHA256(keys[0]) != ssh.FingerprintSHA256(sshd.HostKey) {
 		t.Errorf("host keys %v, want the sshd's %s", keys, ssh.FingerprintSHA256(sshd.HostKey))
+	}
+}
+
+// TestGangPlacementIsCompact: a gang's machines name one compact placement
+// policy (groupPlacementPolicy collocation COLLOCATED) in their region,
+// made on first use; a member in another zone is refused; a member whose
+// insert finds no capacity is refused for capacity (the broker's next
+// offer); the policy goes once its machines are gone.
+func TestGangPlacementIsCompact(t *testing.T) {
+	fake := fakecloudtest.NewGCE(t, fakecloud.GCEOptions{})
+	p := newProvider(t, fake, "prod")
+	ctx := context.Background()
+	a := offer(t, p, "n1-standard-8", "us-central1-a", false)
+	var ids []string
+	for _, rec := range []string{"gang-1", "gang-2"} {
+		inst, err := p.Create(ctx, providers.CreateRequest{RecordID: rec, Offer: a, Placement: "spillway-g1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, inst.ID)
+	}
+	if got := fake.ResourcePolicies(); !slices.Equal(got, []string{"us-central1/spillway-g1"}) {
+		t.Fatalf("policies %v, want us-central1/spillway-g1", got)
+	}
+	if got := fake.InPolicy("us-central1", "spillway-g1"); !slices.Equal(got, []string{"us-central1-a/spw-gang-1", "us-central1-a/spw-gang-2"}) {
+		t.Fatalf("in the policy: %v", got)
+	}
+	pols := fake.Instances()[0].Resource.GetResourcePolicies()
+	if len(pols) != 1 || !strings.HasSuffix(pols[0], "projects/"+fake.Project()+"/regions/us-central1/resourcePolicies/spillway-g1") {
+		t.Fatalf("instance resourcePolicies %v", pols)
+	}
+	// A compact policy does not span zones.
+	b := offer(t, p, "n1-standard-8", "us-central1-b", false)
+	if _, err := p.Create(ctx, providers.CreateRequest{RecordID: "gang-3", Offer: b, Placement: "spillway-g1"}); !errors.Is(err, providers.ErrInvalidRequest) {
+		t.Fatalf("a member in another zone: err = %v, want invalid request", err)
+	}
+	// The second member of another gang finds no capacity.
+	fake.FailNthOperation(2, "ZONE_RESOURCE_POOL_EXHAUSTED")
+	if _, err := p.Create(ctx, providers.CreateRequest{RecordID: "other-1", Offer: a, Placement: "spillway-g2"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := p.Create(ctx, providers.CreateRequest{RecordID: "other-2", Offer: a, Placement: "spillway-g2"})
+	if !providers.IsInsufficientCapacity(err) || !providers.IsNextOffer(err) {
+		t.Fatalf("the second member: err = %v, want insufficient capacity", err)
+	}
+	// In use, the policy stays; once its machines are gone, it goes.
+	if err := p.DeletePlacement(ctx, "spillway-g1"); err == nil {
+		t.Fatal("deleted a placement policy its machines still use")
+	}
+	for _, id := range ids {
+		if err := p.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.DeletePlacement(ctx, "spillway-g1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fake.ResourcePolicies(); !slices.Equal(got, []string{"us-central1/spillway-g2"}) {
+		t.Fatalf("policies after delete %v, want only us-central1/spillway-g2", got)
 	}
 }

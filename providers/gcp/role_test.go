@@ -22,6 +22,9 @@ func TestCustomRoleCoversCalls(t *testing.T) {
 		"InstancesAPI.Delete":             "compute.instances.delete",
 		"InstancesAPI.GetGuestAttributes": "compute.instances.getGuestAttributes",
 		"OperationsAPI.Wait":              "compute.zoneOperations.get",
+		"PoliciesAPI.Insert":              "compute.resourcePolicies.create",
+		"PoliciesAPI.Delete":              "compute.resourcePolicies.delete",
+		"RegionOperationsAPI.Wait":        "compute.regionOperations.get",
 	}
 	raw, err := os.ReadFile("../../deploy/gcp/spillway-role.yaml")
 	if err != nil {
@@ -37,7 +40,8 @@ func TestCustomRoleCoversCalls(t *testing.T) {
 	for _, p := range role.IncludedPermissions {
 		have[p] = true
 	}
-	for _, iface := range []reflect.Type{reflect.TypeOf((*gcp.InstancesAPI)(nil)).Elem(), reflect.TypeOf((*gcp.OperationsAPI)(nil)).Elem()} {
+	for _, iface := range []reflect.Type{reflect.TypeOf((*gcp.InstancesAPI)(nil)).Elem(), reflect.TypeOf((*gcp.OperationsAPI)(nil)).Elem(),
+		reflect.TypeOf((*gcp.PoliciesAPI)(nil)).Elem(), reflect.TypeOf((*gcp.RegionOperationsAPI)(nil)).Elem()} {
 		for i := range iface.NumMethod() {
 			key := iface.Name() + "." + iface.Method(i).Name
 			p, ok := perm[key]
