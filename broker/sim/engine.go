@@ -184,6 +184,9 @@ type engine struct {
 	// nextPrice is the first change of Options.Prices not yet applied.
 	nextPrice int
 	meterCfg  billing.MeterConfig
+	// unsettled are the entries of the meter pass under way
+	// (meterMachines settles them at its end).
+	unsettled []billing.Entry
 	waiting   []burstctl.Waiting
 	// err is the first error of the in-memory fleet.
 	err error

@@ -398,7 +398,8 @@ func (e *engine) ready(m *machine) {
 
 // meterMachines meters every launched machine up to now, slice by slice
 // by billing.Meter on the broker's slices: the entries settle the budgets (spend in
-// their month, the machine's reservation covered) and add to the result.
+// their month, the machine's reservation covered; one transaction for all
+// the machines) and add to the result.
 // Ended machines leave once metered through their end.
 func (e *engine) meterMachines(now time.Time) {
 	for _, m := range e.alive {
@@ -419,6 +420,19 @@ func (e *engine) meterMachines(now time.Time) {
 		e.res.bootMillis += int64(m.rec.Offer.GPUs) * boot.Sub(*m.rec.LaunchedAt).Milliseconds()
 		return true
 	})
+	if len(e.unsettled) == 0 {
+		return
+	}
+	// One transaction for the pass: nothing reads the budgets between
+	// the machines' meters, and SettleAll ends where settling each
+	// entry would.
+	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
+		return broker.SettleAll(tx, e.unsettled, e.ctl.Zone)
+	})
+	if err != nil {
+		e.fail(err)
+	}
+	e.unsettled = e.unsettled[:0]
 }
 
 // meter meters one machine from its cursor up to now.
@@ -450,17 +464,7 @@ func (e *engine) meter(m *machine, now time.Time) {
 			m.counted[en.ID] = en.Start
 		}
 	}
-	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
-		for _, en := range out.Entries {
-			if err := broker.Settle(tx, en, e.ctl.Zone); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		e.fail(err)
-	}
+	e.unsettled = append(e.unsettled, out.Entries...)
 	r := e.res
 	for _, en := range out.Entries {
 		switch en.Kind {
