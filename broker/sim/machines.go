@@ -437,6 +437,12 @@ func (e *engine) meterMachines(now time.Time) {
 
 // meter meters one machine from its cursor up to now.
 func (e *engine) meter(m *machine, now time.Time) {
+	// The cursor moves only to a slice boundary (billing.Meter's Through,
+	// now rounded down to the grid); until now passes the next one there
+	// is nothing this pass would keep.
+	if !now.Truncate(e.meterCfg.Slice).After(m.metered) {
+		return
+	}
 	bm, _ := burstctl.MeterMachine(m.rec, "")
 	allocs := m.allocs
 	for _, sj := range m.running {
