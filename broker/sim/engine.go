@@ -167,6 +167,7 @@ type engine struct {
 	// alive are the machines not yet ended, in id order; nMachines counts
 	// launches.
 	alive     []*machine
+	aliveByID map[string]*machine // alive by id (machineByID)
 	nMachines int
 	byNode    map[string]*machine
 	active    bool
@@ -244,7 +245,8 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 		reclaimRNG: rand.New(rand.NewPCG(opt.Seed, 0x7265636c)), // "recl"
 		coolDowns:  map[string]burst.CoolDown{},
 		byID:       make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
-		every: c.Config.Burst.Interval.D(), budgets: broker.NewMemStore(), offers: slices.Clone(c.Offers),
+		aliveByID: map[string]*machine{},
+		every:     c.Config.Burst.Interval.D(), budgets: broker.NewMemStore(), offers: slices.Clone(c.Offers),
 		largest: c.LargestNode(), res: &Result{Policy: p.Name, WaitPerGPUHour: p.Burst.WaitPerGPUHour},
 	}
 	zone := c.Config.BillingCompiled().TimeZone

@@ -102,22 +102,8 @@ func (e *engine) fail(err error) {
 	}
 }
 
-// machineByID finds a live machine (alive is in id order).
-func (e *engine) machineByID(id string) *machine {
-	i, ok := slices.BinarySearchFunc(e.alive, id, func(m *machine, id string) int {
-		switch {
-		case m.rec.ID < id:
-			return -1
-		case m.rec.ID > id:
-			return 1
-		}
-		return 0
-	})
-	if !ok {
-		return nil
-	}
-	return e.alive[i]
-}
+// machineByID finds a live machine.
+func (e *engine) machineByID(id string) *machine { return e.aliveByID[id] }
 
 // wakeMinWait asks for a burst decision when a job's minimum wait runs
 // out.
@@ -250,6 +236,7 @@ func (e *engine) putRecord(r *broker.InstanceRecord) {
 		e.res.LaunchAttempts++
 		m = &machine{rec: r}
 		e.alive = append(e.alive, m) // ids grow: alive stays in id order
+		e.aliveByID[r.ID] = m
 	}
 	old := m.rec
 	m.rec = r
@@ -264,6 +251,7 @@ func (e *engine) putRecord(r *broker.InstanceRecord) {
 			delete(e.byNode, m.node.Name)
 		}
 		e.alive = slices.DeleteFunc(e.alive, func(x *machine) bool { return x == m })
+		delete(e.aliveByID, r.ID)
 		if e.opt.RecordMachines {
 			e.res.MachineRecords = append(e.res.MachineRecords, r)
 		}
