@@ -24,6 +24,15 @@ const MicrosPerUnit = 1_000_000
 // decimal places.
 func ParseAmount(s string) (Amount, error) {
 	s = strings.TrimSpace(s)
+	if a, ok := parsePlainAmount(s); ok {
+		return a, nil
+	}
+	return parseRatAmount(s)
+}
+
+// parseRatAmount is ParseAmount on big.Rat: every form a decimal may take,
+// and the errors.
+func parseRatAmount(s string) (Amount, error) {
 	r, ok := new(big.Rat).SetString(s)
 	if !ok || s == "" || strings.ContainsAny(s, "eE/") {
 		return 0, fmt.Errorf("%q is not a decimal amount like 12.34", s)
@@ -37,6 +46,44 @@ func ParseAmount(s string) (Amount, error) {
 		return 0, fmt.Errorf("%q is out of range", s)
 	}
 	return Amount(n.Int64()), nil
+}
+
+// parsePlainAmount is ParseAmount's fast path for what the ledger and the
+// budgets write ("-12.345678", "5000"): an optional minus, 1 to 12 digits (no overflow),
+// optionally a point and 1 to 6 digits. Anything else (a plus sign, a
+// leading point, more digits) is left to big.Rat, which gives the same
+// value or the error.
+func parsePlainAmount(s string) (Amount, bool) {
+	neg := len(s) > 0 && s[0] == '-'
+	if neg {
+		s = s[1:]
+	}
+	whole, frac, dot := strings.Cut(s, ".")
+	if len(whole) == 0 || len(whole) > 12 || (dot && (len(frac) == 0 || len(frac) > 6)) {
+		return 0, false
+	}
+	var v int64
+	for i := 0; i < len(whole); i++ {
+		c := whole[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	v *= MicrosPerUnit
+	scale := int64(MicrosPerUnit / 10)
+	for i := 0; i < len(frac); i++ {
+		c := frac[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v += int64(c-'0') * scale
+		scale /= 10
+	}
+	if neg {
+		v = -v
+	}
+	return Amount(v), true
 }
 
 // String prints the amount with as many decimals as it needs, at least two:

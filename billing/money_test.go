@@ -73,3 +73,24 @@ func TestAmountStringRoundTrips(t *testing.T) {
 		t.Errorf("MinInt64 prints %q", s)
 	}
 }
+
+// The fast path of ParseAmount must agree with big.Rat, value and error,
+// on every form: what String prints, and edge cases either side of its
+// limits (digits, decimals, signs, stray characters).
+func TestParseAmountFastPathAgreesWithRat(t *testing.T) {
+	inputs := []string{"0", "-0", "0.0", "00012.50", "1.", ".5", "-.5", "+1", "-", "--1", "1..2", "1.2.3",
+		"999999999999", "999999999999.999999", "-999999999999.999999", "9999999999999", "9223372036854.775807",
+		"1.1234567", "1.123456", "12a", "a12", "1 2", "1,5", "0x10", "1_000", "١٢"}
+	r := rand.New(rand.NewPCG(19, 19))
+	for range 2000 {
+		a := Amount(r.Int64N(2_000_000_000_000_000) - 1_000_000_000_000_000)
+		inputs = append(inputs, a.String(), a.Cents())
+	}
+	for _, in := range inputs {
+		want, wantErr := parseRatAmount(in)
+		got, err := ParseAmount(in)
+		if got != want || (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+			t.Errorf("ParseAmount(%q) = %d, %v; big.Rat gives %d, %v", in, got, err, want, wantErr)
+		}
+	}
+}

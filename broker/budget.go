@@ -283,34 +283,83 @@ func BudgetMonthKey(t time.Time, loc *time.Location) string { return monthOf(t, 
 // entry it appends (Ledger.Budgets); the simulator settles the entries it
 // meters into its in-memory store.
 func Settle(tx Tx, e billing.Entry, loc *time.Location) error {
-	if e.Pool.Kind == billing.PoolOnPrem || e.Cost == 0 {
-		return nil
+	return SettleAll(tx, []billing.Entry{e}, loc)
+}
+
+// SettleAll settles entries in one transaction; the store ends as if
+// Settle had settled them one by one, in order. Each budget month and
+// reservation is read and written once, however many entries touch it:
+// the spend and the reservations' cover only add up. The simulator
+// settles each meter pass with it (a pass is thousands of entries on a
+// busy replay).
+func SettleAll(tx Tx, entries []billing.Entry, loc *time.Location) error {
+	type monthScope struct{ month, scope string }
+	type change struct{ spent, reserved billing.Amount }
+	var months []monthScope
+	changes := map[monthScope]*change{}
+	at := func(month, scope string) *change {
+		k := monthScope{month, scope}
+		c := changes[k]
+		if c == nil {
+			c = &change{}
+			changes[k] = c
+			months = append(months, k)
+		}
+		return c
 	}
-	month := monthOf(e.Start, loc)
-	for _, scope := range []string{e.Team, GlobalScope} {
-		m, err := GetBudgetMonth(tx, month, scope)
+	var reservations []*Reservation
+	byID := map[string]*Reservation{} // nil: none for that machine
+	for _, e := range entries {
+		if e.Pool.Kind == billing.PoolOnPrem || e.Cost == 0 {
+			continue
+		}
+		month := monthOf(e.Start, loc)
+		for _, scope := range []string{e.Team, GlobalScope} {
+			at(month, scope).spent += e.Cost
+		}
+		if e.Pool.InstanceID == "" {
+			continue
+		}
+		r, seen := byID[e.Pool.InstanceID]
+		if !seen {
+			got, err := GetReservation(tx, e.Pool.InstanceID)
+			switch {
+			case errors.Is(err, ErrNotFound):
+			case err != nil:
+				return err
+			default:
+				r = &got
+				reservations = append(reservations, r)
+			}
+			byID[e.Pool.InstanceID] = r
+		}
+		if r == nil {
+			continue
+		}
+		before := r.Remaining()
+		r.Settled += e.Cost
+		if delta := r.Remaining() - before; delta != 0 {
+			for _, scope := range []string{r.Team, GlobalScope} {
+				at(r.Month, scope).reserved += delta
+			}
+		}
+	}
+	for _, k := range months {
+		m, err := GetBudgetMonth(tx, k.month, k.scope)
 		if err != nil {
 			return err
 		}
-		m.Spent += e.Cost
+		c := changes[k]
+		m.Spent += c.spent
+		m.Reserved += c.reserved
 		if err := putBudgetMonth(tx, m); err != nil {
 			return err
 		}
 	}
-	if e.Pool.InstanceID == "" {
-		return nil
+	for _, r := range reservations {
+		if err := putJSON(tx, BucketBudgets, reservationKey(r.ID), r); err != nil {
+			return err
+		}
 	}
-	r, err := GetReservation(tx, e.Pool.InstanceID)
-	if errors.Is(err, ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	before := r.Remaining()
-	r.Settled += e.Cost
-	if err := adjustReserved(tx, r, r.Remaining()-before); err != nil {
-		return err
-	}
-	return putJSON(tx, BucketBudgets, reservationKey(r.ID), r)
+	return nil
 }

@@ -146,12 +146,16 @@ func (c *Controller) Input(now time.Time, active bool, budgets map[string]burst.
 	f := c.Fleet
 	in := &burst.Input{Now: now, Policy: c.Policy, Active: active, Currency: c.currency(), Budgets: budgets}
 	in.OnPremGPUs, in.OnPremAllocated = f.OnPrem()
-	for _, w := range f.Waiting() {
+	waiting := f.Waiting()
+	in.Pending = make([]burst.Job, 0, len(waiting))
+	for _, w := range waiting {
 		if bj, ok := PendingJob(w, now); ok {
 			in.Pending = append(in.Pending, bj)
 		}
 	}
-	for _, r := range f.Records() {
+	records := f.Records()
+	in.Machines = make([]burst.Machine, 0, len(records))
+	for _, r := range records {
 		if r.State.Ended() || r.SlurmNode != "" { // Slurm ends its nodes
 			continue
 		}
@@ -165,6 +169,14 @@ func (c *Controller) Input(now time.Time, active bool, budgets map[string]burst.
 			m.IdleSince = *r.IdleSince
 		}
 		in.Machines = append(in.Machines, m)
+	}
+	// Sized up front (a decision per ~30 s of a replay grew them append by
+	// append); nil when empty, as before.
+	if len(in.Pending) == 0 {
+		in.Pending = nil
+	}
+	if len(in.Machines) == 0 {
+		in.Machines = nil
 	}
 	in.Offers = f.Offers()
 	return in

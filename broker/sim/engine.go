@@ -170,6 +170,7 @@ type engine struct {
 	// alive are the machines not yet ended, in id order; nMachines counts
 	// launches.
 	alive     []*machine
+	aliveByID map[string]*machine // alive by id (machineByID)
 	nMachines int
 	byNode    map[string]*machine
 	active    bool
@@ -187,6 +188,9 @@ type engine struct {
 	// nextPrice is the first change of Options.Prices not yet applied.
 	nextPrice int
 	meterCfg  billing.MeterConfig
+	// unsettled are the entries of the meter pass under way
+	// (meterMachines settles them at its end).
+	unsettled []billing.Entry
 	waiting   []burstctl.Waiting
 	// err is the first error of the in-memory fleet.
 	err error
@@ -200,10 +204,6 @@ type engine struct {
 	snap sched.Snapshot
 	rec  recorder
 	res  *Result
-	// settling are the metered entries the next settle settles, one per
-	// settleKey (settleIdx).
-	settling  []billing.Entry
-	settleIdx map[settleKey]int
 }
 
 // Run replays tr on cluster c under policy p.
@@ -248,7 +248,8 @@ func newEngine(tr *Trace, c *Cluster, p Policy, opt Options) (*engine, error) {
 		reclaimRNG: rand.New(rand.NewPCG(opt.Seed, 0x7265636c)), // "recl"
 		coolDowns:  map[string]burst.CoolDown{},
 		byID:       make(map[string]*sjob, len(tr.Jobs)), byNode: map[string]*machine{},
-		every: c.Config.Burst.Interval.D(), budgets: broker.NewMemStore(), offers: slices.Clone(c.Offers),
+		aliveByID: map[string]*machine{},
+		every:     c.Config.Burst.Interval.D(), budgets: broker.NewMemStore(), offers: slices.Clone(c.Offers),
 		largest: c.LargestNode(), res: &Result{Policy: p.Name, WaitPerGPUHour: p.Burst.WaitPerGPUHour},
 	}
 	zone := c.Config.BillingCompiled().TimeZone

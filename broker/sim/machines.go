@@ -102,22 +102,8 @@ func (e *engine) fail(err error) {
 	}
 }
 
-// machineByID finds a live machine (alive is in id order).
-func (e *engine) machineByID(id string) *machine {
-	i, ok := slices.BinarySearchFunc(e.alive, id, func(m *machine, id string) int {
-		switch {
-		case m.rec.ID < id:
-			return -1
-		case m.rec.ID > id:
-			return 1
-		}
-		return 0
-	})
-	if !ok {
-		return nil
-	}
-	return e.alive[i]
-}
+// machineByID finds a live machine.
+func (e *engine) machineByID(id string) *machine { return e.aliveByID[id] }
 
 // wakeMinWait asks for a burst decision when a job's minimum wait runs
 // out.
@@ -250,6 +236,7 @@ func (e *engine) putRecord(r *broker.InstanceRecord) {
 		e.res.LaunchAttempts++
 		m = &machine{rec: r}
 		e.alive = append(e.alive, m) // ids grow: alive stays in id order
+		e.aliveByID[r.ID] = m
 	}
 	old := m.rec
 	m.rec = r
@@ -264,6 +251,7 @@ func (e *engine) putRecord(r *broker.InstanceRecord) {
 			delete(e.byNode, m.node.Name)
 		}
 		e.alive = slices.DeleteFunc(e.alive, func(x *machine) bool { return x == m })
+		delete(e.aliveByID, r.ID)
 		if e.opt.RecordMachines {
 			e.res.MachineRecords = append(e.res.MachineRecords, r)
 		}
@@ -427,7 +415,8 @@ func (e *engine) ready(m *machine) {
 
 // meterMachines meters every launched machine up to now, slice by slice
 // by billing.Meter on the broker's slices: the entries settle the budgets (spend in
-// their month, the machine's reservation covered) and add to the result.
+// their month, the machine's reservation covered; one transaction for all
+// the machines) and add to the result.
 // Ended machines leave once metered through their end.
 func (e *engine) meterMachines(now time.Time) {
 	for _, m := range e.alive {
@@ -448,63 +437,29 @@ func (e *engine) meterMachines(now time.Time) {
 		e.res.bootMillis += int64(m.rec.Offer.GPUs) * boot.Sub(*m.rec.LaunchedAt).Milliseconds()
 		return true
 	})
-	e.settle()
-}
-
-// settleKey is what settling an entry touches: its team's and the global
-// month of its start, and its machine's reservation.
-type settleKey struct {
-	instance, team string
-	month          time.Time
-}
-
-// toSettle adds metered entries to what the next settle settles, summed
-// by settleKey.
-func (e *engine) toSettle(entries []billing.Entry) {
-	for _, en := range entries {
-		if en.Pool.Kind == billing.PoolOnPrem || en.Cost == 0 {
-			continue
-		}
-		k := settleKey{en.Pool.InstanceID, en.Team, billing.MonthOf(en.Start, e.ctl.Zone).From}
-		if i, ok := e.settleIdx[k]; ok {
-			e.settling[i].Cost += en.Cost
-			continue
-		}
-		if e.settleIdx == nil {
-			e.settleIdx = map[settleKey]int{}
-		}
-		e.settleIdx[k] = len(e.settling)
-		e.settling = append(e.settling, en)
-	}
-}
-
-// settle settles what the machines' meters produced, in one transaction,
-// with broker.Settle: the spend in each team's month and the machines'
-// reservations covered. Settling is additive (a reservation's remaining
-// amount telescopes), so one entry per settleKey, its cost the sum, leaves
-// the budgets as settling each entry would, for a fraction of the store
-// reads.
-func (e *engine) settle() {
-	if len(e.settling) == 0 {
+	if len(e.unsettled) == 0 {
 		return
 	}
+	// One transaction for the pass: nothing reads the budgets between
+	// the machines' meters, and SettleAll ends where settling each
+	// entry would.
 	err := e.budgets.Update(context.Background(), func(tx broker.Tx) error {
-		for _, en := range e.settling {
-			if err := broker.Settle(tx, en, e.ctl.Zone); err != nil {
-				return err
-			}
-		}
-		return nil
+		return broker.SettleAll(tx, e.unsettled, e.ctl.Zone)
 	})
 	if err != nil {
 		e.fail(err)
 	}
-	e.settling = e.settling[:0]
-	clear(e.settleIdx)
+	e.unsettled = e.unsettled[:0]
 }
 
 // meter meters one machine from its cursor up to now.
 func (e *engine) meter(m *machine, now time.Time) {
+	// The cursor moves only to a slice boundary (billing.Meter's Through,
+	// now rounded down to the grid); until now passes the next one there
+	// is nothing this pass would keep.
+	if !now.Truncate(e.meterCfg.Slice).After(m.metered) {
+		return
+	}
 	bm, _ := burstctl.MeterMachine(m.rec, "")
 	allocs := m.allocs
 	for _, sj := range m.running {
@@ -532,7 +487,7 @@ func (e *engine) meter(m *machine, now time.Time) {
 			m.counted[en.ID] = en.Start
 		}
 	}
-	e.toSettle(out.Entries)
+	e.unsettled = append(e.unsettled, out.Entries...)
 	r := e.res
 	for _, en := range out.Entries {
 		switch en.Kind {
