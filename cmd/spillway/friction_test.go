@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/pem"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -290,6 +292,19 @@ func TestVersionShowsClientAndServer(t *testing.T) {
 	out, _, code := runCLI(t, "http://127.0.0.1:1", cliUser, "--version")
 	if code != 0 || !strings.Contains(out, "broker http://127.0.0.1:1: not reachable") {
 		t.Errorf("--version with no broker: exit %d\n%s", code, out)
+	}
+	// Over TLS with the broker's own CA (as `make run` serves): --version
+	// trusts --ca like every other command.
+	srv, _ := cliBroker(t)
+	hs := httptest.NewTLSServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hs.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := runCLI(t, hs.URL, cliUser, "--ca", ca, "--version")
+	if code != 0 || !regexp.MustCompile(`(?m)^broker `+regexp.QuoteMeta(hs.URL)+`: spillway \S+$`).MatchString(out) {
+		t.Errorf("--version over TLS with --ca: exit %d\n%s%s", code, out, errOut)
 	}
 }
 

@@ -158,13 +158,25 @@ func loadCLIConfig() cliConfig {
 // client builds an API client: flags, then environment, then the config
 // file.
 func (g *globals) client() (*client.Client, error) {
-	file := loadCLIConfig()
-	server := firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), file.Server, "http://127.0.0.1:8080")
-	token := firstNonEmpty(g.token, os.Getenv("SPILLWAY_TOKEN"), file.Token)
+	token := firstNonEmpty(g.token, os.Getenv("SPILLWAY_TOKEN"), loadCLIConfig().Token)
 	if token == "" {
 		return nil, fmt.Errorf("no API token: pass --token, set SPILLWAY_TOKEN, or put token: in %s (`make run` prints one)", cliConfigPath())
 	}
-	c := client.New(server, token)
+	return g.clientWithToken(token)
+}
+
+// serverURL is the broker the CLI talks to: flag, environment, config
+// file, else the dev broker's address.
+func (g *globals) serverURL() string {
+	return firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), loadCLIConfig().Server, "http://127.0.0.1:8080")
+}
+
+// clientWithToken builds an API client for serverURL with token (empty
+// for what needs none, such as /healthz), trusting the configured CA and
+// HA peers.
+func (g *globals) clientWithToken(token string) (*client.Client, error) {
+	file := loadCLIConfig()
+	c := client.New(g.serverURL(), token)
 	if ca := firstNonEmpty(g.ca, os.Getenv("SPILLWAY_CA"), file.CA); ca != "" {
 		if err := c.TrustCAFile(ca); err != nil {
 			return nil, err

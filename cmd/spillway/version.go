@@ -3,15 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
 	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
 	"github.com/spf13/cobra"
-
-	"github.com/spillway-dev/spillway/broker/client"
 )
 
 func versionCmd(g *globals) *cobra.Command {
@@ -36,10 +33,15 @@ func printVersion(ctx context.Context, g *globals, clientOnly bool) {
 	if clientOnly {
 		return
 	}
-	url := firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), loadCLIConfig().Server, "http://127.0.0.1:8080")
+	url := g.serverURL()
+	c, err := g.clientWithToken("")
+	if err != nil { // the CA file named cannot be read
+		fmt.Fprintf(g.stdout, "broker %s: %v\n", url, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	h, err := client.New(url, "").Health(ctx)
+	h, err := c.Health(ctx)
 	if err != nil || h.Version == "" {
 		fmt.Fprintf(g.stdout, "broker %s: not reachable\n", url)
 		return
