@@ -44,6 +44,7 @@ func BenchmarkPendingMemory(b *testing.B) {
 		cfg, err := config.Parse([]byte(fmt.Sprintf(`
 listen: 127.0.0.1:0
 dataDir: %s
+limits: {submitsPerMinute: 1000000, submitBurst: 1000000, maxPendingPerTeam: 10000000}
 auth:
   tokens:
     - {name: alice, role: user, team: nlp, token: %s}
