@@ -143,9 +143,10 @@ image: ## the broker's container image from dist/'s binary (make dist first): po
 	$(PODMAN) build --platform linux/$(IMAGE_ARCH) $(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) -t $(IMAGE_TAG) -f Containerfile $(IMAGE_CONTEXT)
 
 .PHONY: check
-check: ## gofmt, go vet, import boundaries (client/api without server, config without adapters, binary without testing), docs/architecture.md lists every package, no InsecureIgnoreHostKey outside tests
+check: ## gofmt, go vet, go.mod tidy, import boundaries (client/api without server, config without adapters, binary without testing), docs/architecture.md lists every package, no InsecureIgnoreHostKey outside tests
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy (run go mod tidy):"; $(GO) mod tidy -diff; exit 1; }
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./providers/... ./billing/... ./onprem/... \
 		| awk -F': ' '{n=split($$2, imps, " "); for (i=1;i<=n;i++) if (imps[i] ~ /^$(subst /,\/,$(MODULE))\/broker(\/|$$)/) print $$1 " imports " imps[i]}'); \
 		if [ -n "$$bad" ]; then echo "import boundary broken (providers/, billing/, onprem/ must not import broker/):"; echo "$$bad"; exit 1; fi
