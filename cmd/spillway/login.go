@@ -12,8 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/oauth2"
-
-	"github.com/spillway-dev/spillway/broker/client"
 )
 
 // loginCmd is `spillway login`: the OAuth device authorization flow with
@@ -32,13 +30,12 @@ your account (docs/security.md). The session is saved as token: in
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			file := loadCLIConfig()
-			server := firstNonEmpty(g.server, os.Getenv("SPILLWAY_SERVER"), file.Server, "https://127.0.0.1:8080")
-			c := client.New(server, "")
+			// The same broker, CA and HA peers as every other verb.
+			server := g.serverURL()
 			ca := firstNonEmpty(g.ca, os.Getenv("SPILLWAY_CA"), file.CA)
-			if ca != "" {
-				if err := c.TrustCAFile(ca); err != nil {
-					return err
-				}
+			c, err := g.clientWithToken("")
+			if err != nil {
+				return err
 			}
 			lc, err := c.LoginConfig(ctx)
 			if err != nil {
