@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -323,4 +324,26 @@ func ReadLog(tx Tx, job string, attempt int, from int64, max int) ([]byte, error
 		return nil, err
 	}
 	return out, nil
+}
+
+// LastLines returns the suffix of b holding its last n lines.
+func LastLines(b []byte, n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	end := len(b)
+	if end > 0 && b[end-1] == '\n' {
+		end--
+	}
+	for i := 0; i < n; i++ {
+		k := bytes.LastIndexByte(b[:end], '\n')
+		if k < 0 {
+			return b
+		}
+		if i == n-1 {
+			return b[k+1:]
+		}
+		end = k
+	}
+	return b
 }

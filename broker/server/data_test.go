@@ -11,6 +11,7 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/report"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/staging"
 )
@@ -141,7 +142,7 @@ func TestAMissingInputFailsTheJobOnceWithItsURI(t *testing.T) {
 	if code := h.do("GET", "/v1/jobs/"+j.ID+"/explain", tokAlice, nil, &x); code != http.StatusOK {
 		t.Fatal(code)
 	}
-	if x.Verdict.Code != VerdictInputMissing || !strings.Contains(x.Verdict.Sentence, "s3://nlp-data/sets/v1/") {
+	if x.Verdict.Code != report.VerdictInputMissing || !strings.Contains(x.Verdict.Sentence, "s3://nlp-data/sets/v1/") {
 		t.Fatalf("verdict %+v", x.Verdict)
 	}
 }
@@ -166,7 +167,7 @@ func TestGPUWaitsOnDataIsFlagged(t *testing.T) {
 	}
 	var x api.Explanation
 	h.do("GET", "/v1/jobs/"+j.ID+"/explain", tokAlice, nil, &x)
-	if x.Verdict.Code != VerdictDataWait || !strings.Contains(x.Verdict.Sentence, "GPU waits on data") || !strings.Contains(x.Verdict.Sentence, "cache") {
+	if x.Verdict.Code != report.VerdictDataWait || !strings.Contains(x.Verdict.Sentence, "GPU waits on data") || !strings.Contains(x.Verdict.Sentence, "cache") {
 		t.Fatalf("verdict %+v", x.Verdict)
 	}
 	var rep2 api.UtilizationReport

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -21,19 +20,18 @@ import (
 	"github.com/spillway-dev/spillway/broker/api"
 
 	"github.com/labstack/echo/v4"
-	"github.com/oklog/ulid/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/report"
 )
 
 // Delivery is how well the cluster serves its users: how long jobs wait,
 // how long they take, how many succeed, how often they are preempted and
 // resume, who starves, and what a unit of output costs (how fast bursts
-// arrive is spillway_burst_lead_time_seconds, metrics.go). This file holds its Prometheus series, the job-scoped units API
-// and the delivery report.
+// arrive is spillway_burst_lead_time_seconds, metrics.go). This file holds its Prometheus series and the job-scoped units API;
+// the delivery report is broker/report's.
 
 // waitBuckets span a second to a week.
 var waitBuckets = []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400, 259200, 604800}
@@ -85,10 +83,10 @@ func (d *deliveryMetrics) observe(old, j *broker.Job) {
 		t := j.History[i]
 		switch {
 		case t.To == broker.StateStarting:
-			if entered, ok := enteredQueue(j.History[:i]); ok {
+			if entered, ok := report.EnteredQueue(j.History[:i]); ok {
 				d.wait.WithLabelValues(j.Spec.Queue, j.Spec.Priority).Observe(t.At.Sub(entered).Seconds())
 			}
-			if resumed(j.History[:i]) {
+			if report.Resumed(j.History[:i]) {
 				d.resumes.WithLabelValues(j.Spec.Queue).Inc()
 			}
 		case t.To == broker.StatePreempted:
@@ -98,30 +96,6 @@ func (d *deliveryMetrics) observe(old, j *broker.Job) {
 			d.duration.WithLabelValues(j.Spec.Queue, string(t.To)).Observe(t.At.Sub(j.SubmittedAt).Seconds())
 		}
 	}
-}
-
-// enteredQueue is when the job last entered pending before the end of h.
-func enteredQueue(h []broker.Transition) (time.Time, bool) {
-	for i := len(h) - 1; i >= 0; i-- {
-		if h[i].To == broker.StatePending {
-			return h[i].At, true
-		}
-	}
-	return time.Time{}, false
-}
-
-// resumed reports whether the attempt starting after h follows a
-// preemption: the last attempt before it was preempted.
-func resumed(h []broker.Transition) bool {
-	for i := len(h) - 1; i >= 0; i-- {
-		switch h[i].To {
-		case broker.StatePreempted:
-			return true
-		case broker.StateStarting:
-			return false
-		}
-	}
-	return false
 }
 
 // observeCollector reports delivery and card gauges read from memory at
@@ -161,7 +135,7 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 		if j.State != broker.StatePending {
 			continue
 		}
-		entered, ok := enteredQueue(j.History)
+		entered, ok := report.EnteredQueue(j.History)
 		if !ok {
 			entered = j.SubmittedAt
 		}
@@ -207,11 +181,6 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 func shortModel(m string) string { return strings.TrimPrefix(m, "NVIDIA ") }
 
 // --- units of output -------------------------------------------------------
-
-// BucketUnits holds the units of output jobs reported: "t/<ulid>" → one
-// UnitsReport (ULIDs sort by time, so a period is one range scan), and
-// "id/<job>/<id>" → the key of a report sent with an idempotency id.
-const BucketUnits broker.Bucket = "units"
 
 var (
 	unitKindRe = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
@@ -360,10 +329,10 @@ func (s *Server) reportUnits(c echo.Context) error {
 		ans = api.UnitsAnswer{UnitsReport: rep}
 		if req.ID != "" {
 			idKey := "id/" + j.ID + "/" + req.ID
-			if prev, err := tx.Get(BucketUnits, idKey); err == nil {
+			if prev, err := tx.Get(report.BucketUnits, idKey); err == nil {
 				ans.Duplicate = true
 				var old api.UnitsReport
-				raw, err := tx.Get(BucketUnits, string(prev))
+				raw, err := tx.Get(report.BucketUnits, string(prev))
 				if err != nil {
 					return err
 				}
@@ -373,7 +342,7 @@ func (s *Server) reportUnits(c echo.Context) error {
 				ans.UnitsReport = old
 			} else if !errors.Is(err, broker.ErrNotFound) {
 				return err
-			} else if err := tx.Put(BucketUnits, idKey, []byte(key)); err != nil {
+			} else if err := tx.Put(report.BucketUnits, idKey, []byte(key)); err != nil {
 				return err
 			}
 		}
@@ -390,11 +359,11 @@ func (s *Server) reportUnits(c echo.Context) error {
 			if err != nil {
 				return err
 			}
-			if err := tx.Put(BucketUnits, key, raw); err != nil {
+			if err := tx.Put(report.BucketUnits, key, raw); err != nil {
 				return err
 			}
 			total += rep.Units
-			if err := tx.Put(BucketUnits, unitsSumKey(j.ID, rep.Kind), []byte(fmt.Sprint(total))); err != nil {
+			if err := tx.Put(report.BucketUnits, unitsSumKey(j.ID, rep.Kind), []byte(fmt.Sprint(total))); err != nil {
 				return err
 			}
 		}
@@ -422,7 +391,7 @@ func (s *Server) reportUnits(c echo.Context) error {
 }
 
 func unitsTotal(tx broker.Tx, job, kind string) (int64, error) {
-	raw, err := tx.Get(BucketUnits, unitsSumKey(job, kind))
+	raw, err := tx.Get(report.BucketUnits, unitsSumKey(job, kind))
 	if errors.Is(err, broker.ErrNotFound) {
 		return 0, nil
 	}
@@ -432,277 +401,4 @@ func unitsTotal(tx broker.Tx, job, kind string) (int64, error) {
 	var n int64
 	_, err = fmt.Sscan(string(raw), &n)
 	return n, err
-}
-
-// ulidBound is the smallest ULID of an instant: a key bound for ranges of
-// job ids and units reports.
-func ulidBound(t time.Time) string {
-	if t.Before(time.UnixMilli(0)) {
-		return ""
-	}
-	var id ulid.ULID
-	_ = id.SetTime(ulid.Timestamp(t))
-	return id.String()
-}
-
-// --- the delivery report ----------------------------------------------------
-
-func summarise(ds []time.Duration) api.Durations {
-	if len(ds) == 0 {
-		return api.Durations{}
-	}
-	slices.Sort(ds)
-	var sum time.Duration
-	for _, d := range ds {
-		sum += d
-	}
-	rank := func(p float64) float64 {
-		i := int(p*float64(len(ds))+0.999999) - 1 // nearest rank
-		return ds[min(max(i, 0), len(ds)-1)].Seconds()
-	}
-	return api.Durations{Count: len(ds), Mean: (sum / time.Duration(len(ds))).Seconds(), P50: rank(0.5), P90: rank(0.9), P99: rank(0.99), Max: ds[len(ds)-1].Seconds()}
-}
-
-// deliveryReport serves GET /v1/reports/delivery.
-func (s *Server) deliveryReport(c echo.Context) error {
-	team, err := billingTeam(c)
-	if err != nil {
-		return err
-	}
-	period, err := s.billingPeriod(c)
-	if err != nil {
-		return err
-	}
-	rep, err := s.buildDelivery(c.Request().Context(), period, team)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, rep)
-}
-
-// buildDelivery reads the job records submitted from reports.lookback
-// before the period to its end, and the units and ledger of the period.
-func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team string) (*api.DeliveryReport, error) {
-	now := s.clock.Now()
-	bound := s.cfg().Reports.StarvationAfter.D()
-	rep := &api.DeliveryReport{Period: p, Team: team, StarvationAfter: broker.FormatDuration(bound), Rows: []api.DeliveryRow{}, Starving: []api.StarvingJob{}, Units: []api.UnitCost{}}
-	rows := map[[2]string]*deliveryRow{}
-	row := func(j *broker.Job) *deliveryRow {
-		k := [2]string{j.Spec.Queue, j.Spec.Priority}
-		r := rows[k]
-		if r == nil {
-			r = &deliveryRow{DeliveryRow: api.DeliveryRow{Queue: k[0], Priority: k[1]}}
-			rows[k] = r
-		}
-		return r
-	}
-	in := p.Contains
-	err := s.store.View(ctx, func(tx broker.Tx) error {
-		return tx.Scan(broker.BucketJobs, ulidBound(p.From.Add(-s.cfg().Reports.Lookback.D())), ulidBound(p.To), func(_ string, raw []byte) error {
-			var j broker.Job
-			if err := json.Unmarshal(raw, &j); err != nil {
-				return fmt.Errorf("decode job: %w", err)
-			}
-			if team != "" && j.Spec.Team != team {
-				return nil
-			}
-			r := row(&j)
-			var waitFrom time.Time
-			waiting := false
-			for i, t := range j.History {
-				if waiting && t.To != broker.StatePending {
-					// A wait ended (started, cancelled, …): did it starve in the period?
-					if cross := waitFrom.Add(bound); t.At.After(cross) && in(cross) {
-						r.Starved++
-					}
-					waiting = false
-				}
-				switch {
-				case t.To == broker.StatePending:
-					if !waiting {
-						waitFrom, waiting = t.At, true
-					}
-				case t.To == broker.StateStarting && in(t.At):
-					if w, ok := enteredQueue(j.History[:i]); ok {
-						r.waits = append(r.waits, t.At.Sub(w))
-					}
-					if resumed(j.History[:i]) {
-						r.Resumes++
-					}
-				case t.To == broker.StatePreempted && in(t.At):
-					r.Preemptions++
-				case t.To.Terminal() && in(t.At):
-					r.completions = append(r.completions, t.At.Sub(j.SubmittedAt))
-					switch t.To {
-					case broker.StateSucceeded:
-						r.Succeeded++
-					case broker.StateFailed:
-						r.Failed++
-					case broker.StateTimedOut:
-						r.TimedOut++
-					case broker.StateCancelled:
-						r.Cancelled++
-					}
-				}
-			}
-			if waiting {
-				end := minT(now, p.To)
-				if cross := waitFrom.Add(bound); end.After(cross) && in(cross) {
-					r.Starved++
-				}
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read jobs: %w", err)
-	}
-	var all, allDone []time.Duration
-	for _, k := range sortedRowKeys(rows) {
-		r := rows[k]
-		if len(r.waits)+len(r.completions)+r.Preemptions+r.Starved == 0 {
-			continue
-		}
-		finish(r)
-		all = append(all, r.waits...)
-		allDone = append(allDone, r.completions...)
-		t := &rep.Total
-		t.Succeeded += r.Succeeded
-		t.Failed += r.Failed
-		t.TimedOut += r.TimedOut
-		t.Cancelled += r.Cancelled
-		t.Preemptions += r.Preemptions
-		t.Resumes += r.Resumes
-		t.Starved += r.Starved
-		rep.Rows = append(rep.Rows, r.DeliveryRow)
-	}
-	total := deliveryRow{DeliveryRow: rep.Total, waits: all, completions: allDone}
-	finish(&total)
-	rep.Total = total.DeliveryRow
-
-	s.mu.Lock()
-	for id, j := range s.jobs {
-		if j.State != broker.StatePending || (team != "" && j.Spec.Team != team) {
-			continue
-		}
-		since, ok := enteredQueue(j.History)
-		if !ok || now.Sub(since) <= bound {
-			continue
-		}
-		rep.Starving = append(rep.Starving, api.StarvingJob{ID: id, Team: j.Spec.Team, Queue: j.Spec.Queue, Priority: j.Spec.Priority,
-			Since: since, Reason: s.reasons[id].Message()})
-	}
-	s.mu.Unlock()
-	slices.SortFunc(rep.Starving, func(a, b api.StarvingJob) int { return a.Since.Compare(b.Since) })
-
-	units, cur, err := s.unitCosts(ctx, p, team)
-	if err != nil {
-		return nil, err
-	}
-	rep.Units, rep.Currency = units, cur
-	return rep, nil
-}
-
-// deliveryRow is a row of the delivery report while it is summed: the
-// waits and completion times its summaries come from.
-type deliveryRow struct {
-	api.DeliveryRow
-	waits, completions []time.Duration
-}
-
-func finish(r *deliveryRow) {
-	r.Wait = summarise(r.waits)
-	r.Completion = summarise(r.completions)
-	if n := r.Succeeded + r.Failed + r.TimedOut; n > 0 {
-		r.SuccessRate = float64(r.Succeeded) / float64(n)
-	}
-}
-
-func sortedRowKeys(m map[[2]string]*deliveryRow) [][2]string {
-	keys := make([][2]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, k int) bool {
-		if keys[i][0] != keys[k][0] {
-			return keys[i][0] < keys[k][0]
-		}
-		return keys[i][1] < keys[k][1]
-	})
-	return keys
-}
-
-// unitCosts sums the period's units by team and kind, and the ledger's
-// GPU-time and cost of the jobs that reported them.
-func (s *Server) unitCosts(ctx context.Context, p billing.Period, team string) ([]api.UnitCost, string, error) {
-	type key struct{ team, kind string }
-	sums := map[key]*api.UnitCost{}
-	jobsOf := map[key]map[string]bool{}
-	want := map[string]bool{}
-	err := s.store.View(ctx, func(tx broker.Tx) error {
-		return tx.Scan(BucketUnits, "t/"+ulidBound(p.From), "t/"+ulidBound(p.To), func(_ string, raw []byte) error {
-			var u api.UnitsReport
-			if err := json.Unmarshal(raw, &u); err != nil {
-				return fmt.Errorf("decode units report: %w", err)
-			}
-			if (team != "" && u.Team != team) || !p.Contains(u.At) {
-				return nil
-			}
-			k := key{u.Team, u.Kind}
-			if sums[k] == nil {
-				sums[k] = &api.UnitCost{Team: u.Team, Kind: u.Kind}
-				jobsOf[k] = map[string]bool{}
-			}
-			sums[k].Units += u.Units
-			jobsOf[k][u.Job] = true
-			want[u.Job] = true
-			return nil
-		})
-	})
-	if err != nil || len(sums) == 0 {
-		return []api.UnitCost{}, "", err
-	}
-	type spend struct {
-		ms   int64
-		cost billing.Amount
-	}
-	byJob := map[string]*spend{}
-	cur := ""
-	err = broker.Ledger{Store: s.store}.Scan(ctx, p.From, p.To, func(e billing.Entry) error {
-		if !want[e.Job] {
-			return nil
-		}
-		cur = e.Currency
-		sp := byJob[e.Job]
-		if sp == nil {
-			sp = &spend{}
-			byJob[e.Job] = sp
-		}
-		sp.ms += e.GPUMillis
-		sp.cost += e.Cost
-		return nil
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("read ledger: %w", err)
-	}
-	out := make([]api.UnitCost, 0, len(sums))
-	for k, uc := range sums {
-		for job := range jobsOf[k] {
-			uc.Jobs++
-			if sp := byJob[job]; sp != nil {
-				uc.GPUMillis += sp.ms
-				uc.Cost += sp.cost
-			}
-		}
-		uc.CostPer1000 = uc.Cost.MulDiv(1000, uc.Units)
-		uc.GPUSecondsPer1000 = float64(uc.GPUMillis) / float64(uc.Units)
-		out = append(out, *uc)
-	}
-	slices.SortFunc(out, func(a, b api.UnitCost) int {
-		if c := strings.Compare(a.Team, b.Team); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Kind, b.Kind)
-	})
-	return out, cur, nil
 }

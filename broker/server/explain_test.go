@@ -12,6 +12,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/report"
 )
 
 func (h *harness) explain(token, id string) *api.Explanation {
@@ -84,7 +85,7 @@ func TestExplainQuota(t *testing.T) {
 	j := h.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "1h", "command": ["eval"]}`)
 	h.cycle()
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictQuota, "waits for its team's quota (team nlp at quota 2/2 GPUs", "1 running job(s) hold 2 GPUs", "guaranteed 2 GPUs")
+	wantVerdict(t, x, report.VerdictQuota, "waits for its team's quota (team nlp at quota 2/2 GPUs", "1 running job(s) hold 2 GPUs", "guaranteed 2 GPUs")
 	if x.Queue == nil || x.Queue.Reason == nil || x.Queue.Reason.Code != "quota" || x.Team.HeldGPUs != 2 || x.Team.RunningJobs != 1 {
 		t.Fatalf("queue step %+v team %+v", x.Queue, x.Team)
 	}
@@ -113,7 +114,7 @@ func TestExplainClusterFull(t *testing.T) {
 	if q := h.explain(tokAdmin, j.ID).Queue; len(q.Ahead) != 1 || q.Ahead[0].ID != ahead.ID {
 		t.Fatalf("ahead for an operator: %+v", q)
 	}
-	wantVerdict(t, x, VerdictClusterFull, "The cluster is full: 2 of 2 matching GPUs are in use", "2nd in queue default")
+	wantVerdict(t, x, report.VerdictClusterFull, "The cluster is full: 2 of 2 matching GPUs are in use", "2nd in queue default")
 	if !x.Cluster.Full || len(x.Cluster.NodeList) != 1 || len(x.Cluster.NodeList[0].Holders) != 1 ||
 		x.Cluster.NodeList[0].Holders[0].Job != held.ID || x.Cluster.NodeList[0].Holders[0].Team != "vision" {
 		t.Fatalf("who holds the cards: %+v", x.Cluster.NodeList)
@@ -129,7 +130,7 @@ func TestExplainWaitingForWholeNode(t *testing.T) {
 	j := h.submit(tokAlice, `{"resources": {"gpus": 2}, "timeout": "1h", "command": ["c"]}`)
 	h.cycle()
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictWholeNode, "needs 2 GPUs on one node", "2 GPUs are free but spread out (at most 1 on one node)")
+	wantVerdict(t, x, report.VerdictWholeNode, "needs 2 GPUs on one node", "2 GPUs are free but spread out (at most 1 on one node)")
 	if x.Cluster.FreeGPUs != 2 || x.Cluster.MostFreeOnOneNode != 1 {
 		t.Fatalf("cluster: %+v", x.Cluster)
 	}
@@ -148,7 +149,7 @@ func TestExplainBurstBlockedByBudget(t *testing.T) {
 	h.srv.burst.reasons[j.ID] = broker.PendingReason{Code: burst.CodeBudget, Message: "burst blocked: budget nlp 4,980/5,000 USD this month"}
 	h.srv.mu.Unlock()
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictBurstBudget, "blocked by the budget", "budget nlp 4,980/5,000 USD this month; waiting for 2 GPUs on one node", "0 free, it needs 2", "spillway budget set")
+	wantVerdict(t, x, report.VerdictBurstBudget, "blocked by the budget", "budget nlp 4,980/5,000 USD this month; waiting for 2 GPUs on one node", "0 free, it needs 2", "spillway budget set")
 	if m := h.scrape(); m[`spillway_pending_jobs{queue="default",reason="budget"}`] != 1 {
 		t.Errorf("the pending gauge does not count the burst reason")
 	}
@@ -164,7 +165,7 @@ func TestExplainIdleOnItsCard(t *testing.T) {
 	h.settle(a)
 	h.advance(3*time.Minute, a)
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictIdle, "holds 1 GPU(s)", "computes almost nothing (0% compute) since", "cancel it")
+	wantVerdict(t, x, report.VerdictIdle, "holds 1 GPU(s)", "computes almost nothing (0% compute) since", "cancel it")
 	if len(x.Cards) != 1 || x.Cards[0].SMUtil == nil || x.Cards[0].Computing {
 		t.Fatalf("cards: %+v", x.Cards)
 	}
@@ -173,7 +174,7 @@ func TestExplainIdleOnItsCard(t *testing.T) {
 	a.util = &busy
 	h.advance(2*time.Second, a)
 	x = h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictComputing, "87% compute on 1 of 1 GPUs")
+	wantVerdict(t, x, report.VerdictComputing, "87% compute on 1 of 1 GPUs")
 }
 
 func TestExplainCrashedWithOOM(t *testing.T) {
@@ -186,7 +187,7 @@ func TestExplainCrashedWithOOM(t *testing.T) {
 	a.exit(j.ID, 1, "")
 	a.sync()
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictGPUOOM, "GPU ran out of memory", "CUDA out of memory", "lower the batch size")
+	wantVerdict(t, x, report.VerdictGPUOOM, "GPU ran out of memory", "CUDA out of memory", "lower the batch size")
 	if x.Exit == nil || x.Exit.OOM != "gpu" || len(x.Exit.LogTail) != 3 || *x.Exit.ExitCode != 1 {
 		t.Fatalf("exit step: %+v", x.Exit)
 	}
@@ -203,7 +204,7 @@ func TestExplainCrashedWithOOM(t *testing.T) {
 	if x.Job.State != broker.StatePending {
 		t.Fatalf("state %s", x.Job.State)
 	}
-	wantVerdict(t, x, VerdictHostOOM, "out of host memory (Killed)", "retry 1/2", "resources.memory")
+	wantVerdict(t, x, report.VerdictHostOOM, "out of host memory (Killed)", "retry 1/2", "resources.memory")
 }
 
 func TestExplainNotOOMWhenTheBrokerStoppedIt(t *testing.T) {
@@ -218,33 +219,8 @@ func TestExplainNotOOMWhenTheBrokerStoppedIt(t *testing.T) {
 	a.exit(j.ID, 137, "SIGKILL")
 	a.sync()
 	x := h.explain(tokAlice, j.ID)
-	wantVerdict(t, x, VerdictCancelled, "cancelled by alice")
+	wantVerdict(t, x, report.VerdictCancelled, "cancelled by alice")
 	if x.Exit == nil || x.Exit.OOM != "" {
 		t.Fatalf("a cancel read as OOM: %+v", x.Exit)
-	}
-}
-
-func TestDetectOOM(t *testing.T) {
-	code := func(n int) *int { return &n }
-	cases := []struct {
-		name, log string
-		exit      *int
-		signal    string
-		kind      string
-	}{
-		{"torch", "x\ntorch.cuda.OutOfMemoryError: CUDA out of memory.\n", code(1), "", "gpu"},
-		{"jax", "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1234 bytes\n", code(1), "", "gpu"},
-		{"cublas", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate\n", code(1), "", "gpu"},
-		{"python", "MemoryError\n", code(1), "", "host"},
-		{"killed", "step 3\nKilled\n", code(137), "", "host"},
-		{"sigkill", "step 3\n", nil, "SIGKILL", "host"},
-		{"plain crash", "ValueError: bad shape\n", code(1), "", ""},
-		{"segfault", "boom\n", nil, "SIGSEGV", ""},
-	}
-	for _, c := range cases {
-		kind, ev := detectOOM([]byte(c.log), c.exit, c.signal)
-		if kind != c.kind || (kind != "" && ev == "") {
-			t.Errorf("%s: got %q %q, want %q", c.name, kind, ev, c.kind)
-		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/bolt"
+	"github.com/spillway-dev/spillway/broker/report"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
@@ -101,7 +102,7 @@ func TestFinding8UnitsTotalOverflow(t *testing.T) {
 	}
 	// As after 9,223 such reports.
 	if err := h.store.Update(ctxT(), func(tx broker.Tx) error {
-		return tx.Put(BucketUnits, unitsSumKey(j.ID, "units"), []byte(fmt.Sprint(int64(math.MaxInt64)-999_999_999_999_999)))
+		return tx.Put(report.BucketUnits, unitsSumKey(j.ID, "units"), []byte(fmt.Sprint(int64(math.MaxInt64)-999_999_999_999_999)))
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/report"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
@@ -30,7 +31,7 @@ import (
 const (
 	reasonGangMemberFailed = "gang_member_failed"
 	reasonGangMemberLost   = "gang_member_lost"
-	reasonPreflightFailed  = "preflight_failed"
+	reasonPreflightFailed  = report.ReasonPreflightFailed
 )
 
 // MASTER_PORT is taken from this range.
@@ -347,20 +348,4 @@ func (s *Server) finishGangLocked(j *broker.Job, now time.Time) {
 	default:
 		s.endAttempt(j, rep, now)
 	}
-}
-
-// preflightNote is explain's account of the gang's last failed preflight,
-// if its last attempt ended in one.
-func preflightNote(j *broker.Job) string {
-	for i := len(j.History) - 1; i >= 0; i-- {
-		t := j.History[i]
-		if t.To == broker.StateStarting {
-			return ""
-		}
-		if t.Reason == reasonPreflightFailed {
-			return fmt.Sprintf(" Its last attempt failed the gang preflight (%s); the scheduler no longer puts those nodes together for it.",
-				strings.TrimSuffix(t.Detail, "; requeued"))
-		}
-	}
-	return ""
 }

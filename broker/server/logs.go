@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -69,7 +68,7 @@ func (s *Server) logs(c echo.Context) error {
 		}); err != nil {
 			return err
 		}
-		cut := lastLines(buf, tail)
+		cut := broker.LastLines(buf, tail)
 		off += int64(len(buf) - len(cut))
 	}
 	for {
@@ -142,26 +141,4 @@ func (s *Server) logs(c echo.Context) error {
 		case <-time.After(logPoll):
 		}
 	}
-}
-
-// lastLines returns the suffix of b holding its last n lines.
-func lastLines(b []byte, n int) []byte {
-	if n == 0 {
-		return nil
-	}
-	end := len(b)
-	if end > 0 && b[end-1] == '\n' {
-		end--
-	}
-	for i := 0; i < n; i++ {
-		k := bytes.LastIndexByte(b[:end], '\n')
-		if k < 0 {
-			return b
-		}
-		if i == n-1 {
-			return b[k+1:]
-		}
-		end = k
-	}
-	return b
 }

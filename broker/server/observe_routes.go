@@ -8,7 +8,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/report"
 )
 
 // observeRoutes registers the observability endpoints: explain, the
@@ -26,6 +28,79 @@ func (s *Server) observeRoutes(e *echo.Echo, v1 *echo.Group) {
 	// "checkpoint saved at step N", from inside the job (docs/data.md).
 	e.POST("/v1/jobs/:id/checkpoint", s.reportCheckpoint, s.unitsAuth)
 	s.uiRoutes(e)
+}
+
+// explainJob serves GET /v1/jobs/{id}/explain.
+func (s *Server) explainJob(c echo.Context) error {
+	j, err := s.loadVisibleJob(c)
+	if err != nil {
+		return err
+	}
+	p := principal(c)
+	x, err := s.reports().Explain(c.Request().Context(), j, func(team string) bool { return canSeeTeam(p, team) })
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, x)
+}
+
+// utilizationReport serves GET /v1/reports/utilization: JSON, or CSV with
+// ?format=csv (?table=rows, jobs or cards).
+func (s *Server) utilizationReport(c echo.Context) error {
+	team, err := billingTeam(c)
+	if err != nil {
+		return err
+	}
+	period, err := s.billingPeriod(c)
+	if err != nil {
+		return err
+	}
+	res := broker.Resolution(c.QueryParam("resolution"))
+	switch res {
+	case "", broker.Minute, broker.Hour:
+	default:
+		return errBadRequest("resolution", broker.CodeInvalid, "must be m (minute) or h (hour)")
+	}
+	format, table := c.QueryParam("format"), c.QueryParam("table")
+	switch format {
+	case "", "json", "csv":
+	default:
+		return errBadRequest("format", broker.CodeInvalid, "must be json or csv")
+	}
+	switch table {
+	case "", "rows", "jobs", "cards":
+	default:
+		return errBadRequest("table", broker.CodeInvalid, "must be rows, jobs or cards")
+	}
+	rep, err := s.reports().Utilization(c.Request().Context(), period, team, res)
+	if err != nil {
+		return err
+	}
+	if format != "csv" {
+		return c.JSON(http.StatusOK, rep)
+	}
+	w := c.Response()
+	w.Header().Set(echo.HeaderContentType, "text/csv; charset=utf-8")
+	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=spillway-utilization-%s.csv", period.Label()))
+	w.WriteHeader(http.StatusOK)
+	return report.WriteUtilizationCSV(w, rep, table)
+}
+
+// deliveryReport serves GET /v1/reports/delivery.
+func (s *Server) deliveryReport(c echo.Context) error {
+	team, err := billingTeam(c)
+	if err != nil {
+		return err
+	}
+	period, err := s.billingPeriod(c)
+	if err != nil {
+		return err
+	}
+	rep, err := s.reports().Delivery(c.Request().Context(), period, team)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, rep)
 }
 
 // Backuper is a store that can write a consistent copy of itself while

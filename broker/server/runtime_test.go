@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/report"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
@@ -132,10 +133,10 @@ func TestImageNotFoundFailsAtOnceAndExplainSaysSo(t *testing.T) {
 		t.Fatalf("last transition %+v", last)
 	}
 	x := h.explain(tokAlice, j.ID)
-	if x.Verdict.Code != VerdictImageNotFound || !strings.Contains(x.Exit.Runtime, "image not found") {
+	if x.Verdict.Code != report.VerdictImageNotFound || !strings.Contains(x.Exit.Runtime, "image not found") {
 		t.Fatalf("explain %+v %+v", x.Verdict, x.Exit)
 	}
-	steps := strings.Join(explainSteps(x), "\n")
+	steps := strings.Join(x.Steps, "\n")
 	if !strings.Contains(steps, "runtime: image not found") {
 		t.Fatalf("steps:\n%s", steps)
 	}
@@ -158,10 +159,10 @@ func TestOOMByLimitInExplainBeforeTheLog(t *testing.T) {
 	}
 	a.sync()
 	x := h.explain(tokAlice, j.ID)
-	if x.Verdict.Code != VerdictMemoryLimit || x.Exit.OOM != "limit" {
+	if x.Verdict.Code != report.VerdictMemoryLimit || x.Exit.OOM != "limit" {
 		t.Fatalf("explain %+v %+v", x.Verdict, x.Exit)
 	}
-	steps := strings.Join(explainSteps(x), "\n")
+	steps := strings.Join(x.Steps, "\n")
 	rt, lg := strings.Index(steps, "runtime: OOM-killed by its memory limit (resources.memory 32Mi)"), strings.Index(steps, "| allocating")
 	if rt < 0 || lg < 0 || rt > lg {
 		t.Fatalf("the runtime's account should come before the log:\n%s", steps)

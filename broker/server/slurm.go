@@ -750,3 +750,10 @@ func (s *Server) slurmAllocsLocked(cursor time.Time) []billing.Allocation {
 	sort.Slice(out, func(a, b int) bool { return out[a].Job < out[b].Job })
 	return out
 }
+
+func maxT(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

@@ -1,23 +1,19 @@
-package server
+package report
 
 import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net/http"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/spillway-dev/spillway/broker/api"
-
-	"github.com/labstack/echo/v4"
-
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
@@ -31,78 +27,9 @@ import (
 // BucketAllocHistory keeps a copy of every allocation record (job attempt
 // × node, with its cards), keyed "<start ms>/<job>/<attempt>/<node>": the
 // meter deletes its own records once metered, while reports need to know
-// who held which card for as long as telemetry is kept.
+// who held which card for as long as telemetry is kept. The broker writes
+// it with each commit that gives or takes back GPUs.
 const BucketAllocHistory broker.Bucket = "alloc-history"
-
-// allocHistoryPrune bounds the stale records one commit deletes.
-const allocHistoryPrune = 50
-
-func allocHistoryKey(a broker.AllocRecord) string {
-	return fmt.Sprintf("%013d/%s/%06d/%s", a.Start.UnixMilli(), a.Job, a.Attempt, a.Pool.Node)
-}
-
-// keepAllocHistoryLocked copies the allocation records a job change wrote
-// (GPUs given, or taken back) into BucketAllocHistory, in the same
-// transaction; and deletes a few records older than any report can use.
-func (s *Server) keepAllocHistoryLocked(tx broker.Tx, old, j *broker.Job, now time.Time) error {
-	enter := j.State.Holding() && (old == nil || !old.State.Holding() || old.Attempt != j.Attempt)
-	leave := old != nil && old.State.Holding() && (!j.State.Holding() || old.Attempt != j.Attempt)
-	var copies []broker.Placement
-	if enter {
-		copies = append(copies, j.Placements...)
-	}
-	if leave {
-		for _, p := range old.Placements {
-			if err := copyAlloc(tx, old.ID, old.Attempt, p.Node); err != nil {
-				return err
-			}
-		}
-	}
-	for _, p := range copies {
-		if err := copyAlloc(tx, j.ID, j.Attempt, p.Node); err != nil {
-			return err
-		}
-	}
-	if !enter {
-		return nil
-	}
-	keep := s.cfg().Telemetry.HourRetention.D()
-	for _, q := range s.cfg().Queues {
-		keep = max(keep, s.cfg().Telemetry.HourRetention.D()+q.MaxTimeout.D())
-	}
-	var stale []string
-	err := tx.Scan(BucketAllocHistory, "", fmt.Sprintf("%013d", now.Add(-keep).UnixMilli()), func(k string, _ []byte) error {
-		stale = append(stale, k)
-		if len(stale) == allocHistoryPrune {
-			return broker.ErrStopScan
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, broker.ErrStopScan) {
-		return err
-	}
-	for _, k := range stale {
-		if err := tx.Delete(BucketAllocHistory, k); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func copyAlloc(tx broker.Tx, job string, attempt int, node string) error {
-	a, err := broker.GetAlloc(tx, job, attempt, node)
-	if errors.Is(err, broker.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	raw, err := json.Marshal(a)
-	if err != nil {
-		return err
-	}
-	return tx.Put(BucketAllocHistory, allocHistoryKey(a), raw)
-}
 
 // idleCard is a card of the report while it is summed: the stretch under
 // the threshold it is in.
@@ -124,49 +51,6 @@ const idleMemoryFloor = 1 << 30
 
 // reportListLimit bounds the idle lists.
 const reportListLimit = 20
-
-// utilizationReport serves GET /v1/reports/utilization: JSON, or CSV with
-// ?format=csv (?table=rows, jobs or cards).
-func (s *Server) utilizationReport(c echo.Context) error {
-	team, err := billingTeam(c)
-	if err != nil {
-		return err
-	}
-	period, err := s.billingPeriod(c)
-	if err != nil {
-		return err
-	}
-	res := broker.Resolution(c.QueryParam("resolution"))
-	switch res {
-	case "", broker.Minute, broker.Hour:
-	default:
-		return errBadRequest("resolution", broker.CodeInvalid, "must be m (minute) or h (hour)")
-	}
-	format, table := c.QueryParam("format"), c.QueryParam("table")
-	switch format {
-	case "", "json", "csv":
-	default:
-		return errBadRequest("format", broker.CodeInvalid, "must be json or csv")
-	}
-	switch table {
-	case "", "rows", "jobs", "cards":
-	default:
-		return errBadRequest("table", broker.CodeInvalid, "must be rows, jobs or cards")
-	}
-	rep, err := s.buildUtilization(c.Request().Context(), period, team, res)
-	if err != nil {
-		return err
-	}
-	rep.DataWaits = s.dataWaits(period, team)
-	if format != "csv" {
-		return c.JSON(http.StatusOK, rep)
-	}
-	w := c.Response()
-	w.Header().Set(echo.HeaderContentType, "text/csv; charset=utf-8")
-	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=spillway-utilization-%s.csv", period.Label()))
-	w.WriteHeader(http.StatusOK)
-	return writeUtilizationCSV(w, rep, table)
-}
 
 // shiftPieces cuts [from, to) at every shift change and calls fn with each
 // piece.
@@ -197,16 +81,27 @@ type heldCard struct {
 	milli                  int64     // thousandths of the card
 }
 
-func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team string, res broker.Resolution) (*api.UtilizationReport, error) {
-	now := s.clock.Now()
-	r := &s.cfg().Reports
+// card names one GPU: its node and index.
+type card struct {
+	node string
+	gpu  int
+}
+
+// Utilization builds the utilisation report of a period, of one team or
+// all when team is empty, at resolution res ("": minutes while the
+// period's start is within the minute series' retention, else hours).
+// It reads the ledger, the allocation history and the telemetry series
+// from the store, and the jobs' data waits from the view.
+func (rs *Reports) Utilization(ctx context.Context, p billing.Period, team string, res broker.Resolution) (*api.UtilizationReport, error) {
+	now := rs.Clock.Now()
+	r := &rs.Config.Reports
 	if res == "" {
 		res = broker.Minute
-		if p.From.Before(now.Add(-s.cfg().Telemetry.MinuteRetention.D() + time.Minute)) {
+		if p.From.Before(now.Add(-rs.Config.Telemetry.MinuteRetention.D() + time.Minute)) {
 			res = broker.Hour
 		}
 	}
-	threshold := s.cfg().Idle.Threshold
+	threshold := rs.Config.Idle.Threshold
 	rep := &api.UtilizationReport{Period: p, Team: team, Resolution: res, IdleThreshold: threshold, Rows: []api.UtilRow{},
 		IdleHolders: []api.IdleHolder{}, IdleCards: []api.IdleCard{},
 		Shifts: api.ShiftRules{TimeZone: r.Location().String(), DayStart: *r.DayStart, DayEnd: *r.DayEnd, Weekend: r.Weekend}}
@@ -222,7 +117,7 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 	}
 
 	// 1. Allocated and computing GPU-time: the ledger, split by shift.
-	err := broker.Ledger{Store: s.store}.Scan(ctx, p.From, p.To, func(e billing.Entry) error {
+	err := broker.Ledger{Store: rs.Store}.Scan(ctx, p.From, p.To, func(e billing.Entry) error {
 		if team != "" && e.Team != team {
 			return nil
 		}
@@ -252,8 +147,8 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 	}
 
 	// 2. Who held which card when.
-	held := map[gpuKey][]heldCard{}
-	err = s.store.View(ctx, func(tx broker.Tx) error {
+	held := map[card][]heldCard{}
+	err = rs.Store.View(ctx, func(tx broker.Tx) error {
 		return tx.Scan(BucketAllocHistory, "", fmt.Sprintf("%013d", p.To.UnixMilli()), func(_ string, raw []byte) error {
 			var a broker.AllocRecord
 			if err := json.Unmarshal(raw, &a); err != nil {
@@ -264,7 +159,7 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 			}
 			per := a.GPUMilli / int64(len(a.GPUs))
 			for _, g := range a.GPUs {
-				k := gpuKey{a.Pool.Node, g}
+				k := card{a.Pool.Node, g}
 				held[k] = append(held[k], heldCard{job: a.Job, team: a.Team, pool: a.Pool.Label(), model: a.GPUModel,
 					start: a.Start, end: a.End, milli: per})
 			}
@@ -278,14 +173,14 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 	// 3. Memory and idleness: the telemetry, card by card, attributed.
 	width := res.Width()
 	holders := map[string]*idleHolder{}
-	cards := map[gpuKey]*idleCard{}
-	err = s.store.View(ctx, func(tx broker.Tx) error {
+	cards := map[card]*idleCard{}
+	err = rs.Store.View(ctx, func(tx broker.Tx) error {
 		return broker.ScanTelemetry(tx, res, p.From.Add(-width+time.Second), p.To, "", func(pt broker.TelemetryPoint) error {
 			a, b := maxT(pt.Start, p.From), minT(pt.Start.Add(width), p.To, now)
 			if !a.Before(b) {
 				return nil
 			}
-			k := gpuKey{pt.Node, pt.GPU}
+			k := card{pt.Node, pt.GPU}
 			mid := pt.Start.Add(width / 2)
 			var on []heldCard
 			var total int64
@@ -380,6 +275,7 @@ func (s *Server) buildUtilization(ctx context.Context, p billing.Period, team st
 		return cmpDesc(a.IdleSeconds, b.IdleSeconds, fmt.Sprintf("%s/%03d", a.Node, a.GPU), fmt.Sprintf("%s/%03d", b.Node, b.GPU))
 	})
 	rep.IdleCards = rep.IdleCards[:min(len(rep.IdleCards), reportListLimit)]
+	rs.Source.Read(func(v View) { rep.DataWaits = dataWaits(v, p, team) })
 	return rep, nil
 }
 
@@ -410,8 +306,9 @@ func minT(ts ...time.Time) time.Time {
 	return m
 }
 
-// writeUtilizationCSV writes one of the report's tables as CSV.
-func writeUtilizationCSV(w http.ResponseWriter, rep *api.UtilizationReport, table string) error {
+// WriteUtilizationCSV writes one of the report's tables as CSV: "rows"
+// (or ""), "jobs" (the idle holders) or "cards" (the idle cards).
+func WriteUtilizationCSV(w io.Writer, rep *api.UtilizationReport, table string) error {
 	cw := csv.NewWriter(w)
 	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
 	gib := func(b float64) string { return f(b/(1<<30), 3) }

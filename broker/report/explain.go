@@ -1,20 +1,17 @@
-package server
+package report
 
 import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/spillway-dev/spillway/broker/api"
-
-	"github.com/labstack/echo/v4"
-
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
@@ -55,40 +52,30 @@ const explainTailLines = 20
 // explainLogBytes bounds the log read for the tail and OOM evidence.
 const explainLogBytes = 64 << 10
 
-func (s *Server) explainJob(c echo.Context) error {
-	j, err := s.loadVisibleJob(c)
-	if err != nil {
-		return err
-	}
-	x, err := s.explain(c.Request().Context(), j, principal(c))
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, x)
-}
-
-// explain builds the walk for a job read from the store (with its pending
-// reason overlaid), as viewer may see it.
-func (s *Server) explain(ctx context.Context, j *broker.Job, viewer api.Principal) (*api.Explanation, error) {
-	x := &api.Explanation{Job: j, At: s.clock.Now()}
+// Explain builds the walk for a job read from the store (with its pending
+// reason overlaid), as a viewer who may see the teams canSee accepts sees
+// it: the view first, then the log from the store, then the verdict and
+// the steps from those.
+func (rs *Reports) Explain(ctx context.Context, j *broker.Job, canSee func(team string) bool) (*api.Explanation, error) {
+	x := &api.Explanation{Job: j, At: rs.Clock.Now()}
 	x.State = explainState(j)
-	s.mu.Lock()
-	if cur, ok := s.jobs[j.ID]; ok && cur.IdleSince != nil && j.IdleSince == nil {
-		j.IdleSince = cur.IdleSince
-	}
-	views := s.nodeViewsLocked()
-	x.Queue = s.explainQueueLocked(j, viewer)
-	x.Team = s.teamLoadLocked(j.Spec.Team)
-	x.Cluster = s.explainClusterLocked(j, views)
-	x.Cards = s.explainCards(j, views)
-	s.mu.Unlock()
+	rs.Source.Read(func(v View) {
+		if cur, ok := v.Job(j.ID); ok && cur.IdleSince != nil && j.IdleSince == nil {
+			j.IdleSince = cur.IdleSince
+		}
+		views := v.Nodes()
+		x.Queue = explainQueue(v, j, canSee)
+		x.Team = teamLoad(v, rs.Config, j.Spec.Team)
+		x.Cluster = explainCluster(v, j, views)
+		x.Cards = explainCards(j, views, rs.Config.Idle.Threshold)
+	})
 
-	exit, err := s.explainExit(ctx, j)
+	exit, err := explainExit(ctx, rs.Store, j)
 	if err != nil {
 		return nil, err
 	}
 	x.Exit = exit
-	x.Verdict = s.verdict(x)
+	x.Verdict = explainVerdict(x)
 	for _, t := range x.Job.History {
 		switch {
 		case t.To == broker.StatePreempted && t.Reason == burst.StopSpillBack:
@@ -113,10 +100,11 @@ func explainState(j *broker.Job) api.ExplainState {
 	return st
 }
 
-// explainQueueLocked lists the waiting jobs ahead of a pending one. As in
-// GET /v1/queues, a user does not see the ids and names of other teams'
-// waiting jobs — only their team, priority, size and reason.
-func (s *Server) explainQueueLocked(j *broker.Job, viewer api.Principal) *api.ExplainQueue {
+// explainQueue lists the waiting jobs ahead of a pending one. As in
+// GET /v1/queues, a viewer does not see the ids and names of the waiting
+// jobs of teams canSee refuses — only their team, priority, size and
+// reason.
+func explainQueue(v View, j *broker.Job, canSee func(team string) bool) *api.ExplainQueue {
 	if j.State != broker.StatePending {
 		return nil
 	}
@@ -126,18 +114,19 @@ func (s *Server) explainQueueLocked(j *broker.Job, viewer api.Principal) *api.Ex
 		pos = j.Pending.Position
 	}
 	var ahead []api.QueuedJob
-	for id, o := range s.jobs {
+	for o := range v.Jobs() {
 		if o.State != broker.StatePending || o.Spec.Queue != j.Spec.Queue {
 			continue
 		}
 		q.Waiting++
-		r, ok := s.reasons[id]
+		id := o.ID
+		r, ok := v.Reason(id)
 		if id == j.ID || !ok || pos == 0 || r.Position() == 0 || r.Position() >= pos {
 			continue
 		}
 		qj := api.QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
 			GPUs: o.TotalGPUs(), Position: r.Position(), Reason: r.Code()}
-		if !canSeeTeam(viewer, o.Spec.Team) {
+		if !canSee(o.Spec.Team) {
 			qj.ID, qj.Name = "", ""
 		}
 		ahead = append(ahead, qj)
@@ -147,16 +136,16 @@ func (s *Server) explainQueueLocked(j *broker.Job, viewer api.Principal) *api.Ex
 	return q
 }
 
-// teamLoadLocked is what a team holds now, next to its quota.
-func (s *Server) teamLoadLocked(team string) api.ExplainTeamLoad {
+// teamLoad is what a team holds now, next to its quota.
+func teamLoad(v View, cfg *config.Config, team string) api.ExplainTeamLoad {
 	out := api.ExplainTeamLoad{Team: team}
-	for _, o := range s.jobs {
+	for o := range v.Jobs() {
 		if o.Spec.Team == team && o.State.Holding() {
 			out.HeldGPUs += o.TotalGPUs()
 			out.RunningJobs++
 		}
 	}
-	for _, t := range s.cfg().Teams {
+	for _, t := range cfg.Teams {
 		if t.Name == team && t.Quota != nil {
 			g := t.Quota.GPUs
 			out.QuotaGPUs = &g
@@ -172,7 +161,9 @@ func modelMatches(want, model string) bool {
 	return want == "" || strings.Contains(strings.ToLower(model), strings.ToLower(want))
 }
 
-func (s *Server) explainClusterLocked(j *broker.Job, views []api.NodeView) api.ExplainCluster {
+// explainCluster is the cluster as the job sees it: each node, whether its
+// cards match, who holds them and until when.
+func explainCluster(view View, j *broker.Job, views []api.NodeView) api.ExplainCluster {
 	r := j.Spec.Resources
 	out := api.ExplainCluster{Nodes: len(views), NeedsPerNode: r.GPUs, NeedsNodes: max(1, r.Nodes)}
 	for _, v := range views {
@@ -198,7 +189,7 @@ func (s *Server) explainClusterLocked(j *broker.Job, views []api.NodeView) api.E
 		}
 		for id, g := range held {
 			h := api.ExplainHolder{Job: id, GPUs: g}
-			if o := s.jobs[id]; o != nil {
+			if o, ok := view.Job(id); ok {
 				h.Team, h.Priority = o.Spec.Team, o.Spec.Priority
 				if o.StartedAt != nil && o.Spec.Timeout > 0 {
 					e := o.StartedAt.Add(o.Spec.Timeout.D())
@@ -225,7 +216,7 @@ func (s *Server) explainClusterLocked(j *broker.Job, views []api.NodeView) api.E
 }
 
 // explainCards shows the job's own cards while it holds them.
-func (s *Server) explainCards(j *broker.Job, views []api.NodeView) []api.ExplainCard {
+func explainCards(j *broker.Job, views []api.NodeView, threshold int) []api.ExplainCard {
 	if !j.State.Holding() {
 		return nil
 	}
@@ -233,7 +224,6 @@ func (s *Server) explainCards(j *broker.Job, views []api.NodeView) []api.Explain
 	for _, v := range views {
 		byName[v.Name] = v
 	}
-	threshold := s.cfg().Idle.Threshold
 	var out []api.ExplainCard
 	for _, p := range j.Placements {
 		v, ok := byName[p.Node]
@@ -265,7 +255,7 @@ func (s *Server) explainCards(j *broker.Job, views []api.NodeView) []api.Explain
 
 // explainExit reads the last attempt's log tail and looks for the reason
 // it ended, OOM first.
-func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*api.ExplainExit, error) {
+func explainExit(ctx context.Context, store broker.Store, j *broker.Job) (*api.ExplainExit, error) {
 	if j.Attempt == 0 {
 		return nil, nil
 	}
@@ -278,7 +268,7 @@ func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*api.ExplainEx
 		}
 	}
 	var raw []byte
-	err := s.store.View(ctx, func(tx broker.Tx) error {
+	err := store.View(ctx, func(tx broker.Tx) error {
 		m, err := broker.GetLogMeta(tx, j.ID, j.Attempt)
 		if err != nil {
 			return err
@@ -289,7 +279,7 @@ func (s *Server) explainExit(ctx context.Context, j *broker.Job) (*api.ExplainEx
 	if err != nil {
 		return nil, fmt.Errorf("read log: %w", err)
 	}
-	for _, l := range strings.Split(string(lastLines(raw, explainTailLines)), "\n") {
+	for _, l := range strings.Split(string(broker.LastLines(raw, explainTailLines)), "\n") {
 		if l != "" {
 			x.LogTail = append(x.LogTail, strings.TrimRight(l, "\r"))
 		}
@@ -378,9 +368,9 @@ func clipLine(s string) string {
 	return s
 }
 
-// verdict picks the most likely reason and says what to do, in one
+// explainVerdict picks the most likely reason and says what to do, in one
 // sentence.
-func (s *Server) verdict(x *api.Explanation) api.ExplainVerdict {
+func explainVerdict(x *api.Explanation) api.ExplainVerdict {
 	j := x.Job
 	switch j.State {
 	case broker.StateSucceeded:
@@ -407,7 +397,7 @@ func (s *Server) verdict(x *api.Explanation) api.ExplainVerdict {
 		}
 		return verdict(VerdictCrashed, fmt.Sprintf("The job failed (%s); read the log tail above and `spillway logs %s`.", lastDetail(j), j.ID))
 	case broker.StatePending:
-		return s.pendingVerdict(x)
+		return pendingVerdict(x)
 	case broker.StateProvisioning:
 		return verdict(VerdictStarting, fmt.Sprintf("The job is bound to burst machine %s, which is being started for it; `spillway instances` shows each step.", dash0(j.Machine)))
 	case broker.StateStarting:
@@ -470,7 +460,8 @@ func crashVerdict(x *api.Explanation, next string) (api.ExplainVerdict, bool) {
 	return api.ExplainVerdict{}, false
 }
 
-func (s *Server) pendingVerdict(x *api.Explanation) api.ExplainVerdict {
+// pendingVerdict says why a pending job waits, from its reason's code.
+func pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 	j := x.Job
 	r := j.Pending
 	if r == nil {
@@ -653,4 +644,24 @@ func ordinal(n int) string {
 // verdict is an explanation's verdict: its code and the sentence for people.
 func verdict(code, sentence string) api.ExplainVerdict {
 	return api.ExplainVerdict{Code: code, Sentence: sentence}
+}
+
+// ReasonPreflightFailed is the stop reason of a gang attempt whose
+// preflight failed (the server's gang start, broker/server/gang.go).
+const ReasonPreflightFailed = "preflight_failed"
+
+// preflightNote is explain's account of the gang's last failed preflight,
+// if its last attempt ended in one.
+func preflightNote(j *broker.Job) string {
+	for i := len(j.History) - 1; i >= 0; i-- {
+		t := j.History[i]
+		if t.To == broker.StateStarting {
+			return ""
+		}
+		if t.Reason == ReasonPreflightFailed {
+			return fmt.Sprintf(" Its last attempt failed the gang preflight (%s); the scheduler no longer puts those nodes together for it.",
+				strings.TrimSuffix(t.Detail, "; requeued"))
+		}
+	}
+	return ""
 }

@@ -1,0 +1,210 @@
+package report
+
+import (
+	"context"
+	"iter"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/api"
+	"github.com/spillway-dev/spillway/broker/clock"
+	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/sched"
+)
+
+// fakeView is a View over plain values, read by the tests without a
+// broker.
+type fakeView struct {
+	jobs    map[string]*broker.Job
+	reasons map[string]sched.Reason
+	nodes   []api.NodeView
+	// reads counts the times Source.Read handed the view out.
+	reads int
+}
+
+func (v *fakeView) Job(id string) (*broker.Job, bool) {
+	j, ok := v.jobs[id]
+	return j, ok
+}
+
+func (v *fakeView) Jobs() iter.Seq[*broker.Job] { return maps.Values(v.jobs) }
+
+func (v *fakeView) Reason(id string) (sched.Reason, bool) {
+	r, ok := v.reasons[id]
+	return r, ok
+}
+
+func (v *fakeView) Nodes() []api.NodeView { return v.nodes }
+
+func (v *fakeView) Read(fn func(View)) {
+	v.reads++
+	fn(v)
+}
+
+var t0 = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
+
+// jobOf is a job of team in queue default asking for gpus on one node.
+func jobOf(id, team string, gpus int, state broker.State) *broker.Job {
+	return &broker.Job{ID: id, State: state, SubmittedAt: t0.Add(-time.Hour),
+		Spec: broker.Spec{Name: "run-" + id, Team: team, Queue: "default", Priority: "normal",
+			Resources: broker.Resources{GPUs: gpus, Nodes: 1}}}
+}
+
+// pending puts job j in the view as waiting at position pos for code.
+func (v *fakeView) pending(j *broker.Job, pos int, code, msg string) {
+	j.History = []broker.Transition{{At: j.SubmittedAt, To: broker.StatePending, Reason: "submitted"}}
+	v.add(j)
+	v.reasons[j.ID] = sched.FixedReason(broker.PendingReason{Code: code, Message: msg, Position: pos})
+}
+
+func (v *fakeView) add(j *broker.Job) {
+	if v.jobs == nil {
+		v.jobs, v.reasons = map[string]*broker.Job{}, map[string]sched.Reason{}
+	}
+	v.jobs[j.ID] = j
+}
+
+// node is a ready node of n cards, held as holders says (card → job).
+func node(name string, n int, holders map[int]*broker.Job) api.NodeView {
+	v := api.NodeView{Node: &broker.Node{Name: name, State: broker.NodeReady}}
+	for i := range n {
+		c := api.CardView{Index: i, Model: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30}
+		if j := holders[i]; j != nil {
+			c.Jobs, c.Teams = []string{j.ID}, []string{j.Spec.Team}
+		} else {
+			v.FreeGPUs++
+		}
+		v.Cards = append(v.Cards, c)
+	}
+	return v
+}
+
+func reportsOver(v *fakeView) *Reports {
+	cfg := &config.Config{Teams: []config.Team{{Name: "nlp", Quota: &config.Quota{GPUs: 4}}}}
+	cfg.Idle.Threshold = 5
+	return &Reports{Store: broker.NewMemStore(), Source: v, Clock: clock.NewFake(t0), Config: cfg}
+}
+
+func TestExplainReadsTheQueueAndClusterFromTheView(t *testing.T) {
+	v := &fakeView{}
+	r1 := jobOf("r1", "cv", 2, broker.StateRunning)
+	start := t0.Add(-30 * time.Minute)
+	r1.StartedAt, r1.Spec.Timeout = &start, broker.Duration(2*time.Hour)
+	r1.Placements = []broker.Placement{{Node: "n1", GPUs: []int{0, 1}}}
+	v.add(r1)
+	a, b, c := jobOf("a", "cv", 1, broker.StatePending), jobOf("b", "nlp", 1, broker.StatePending), jobOf("c", "nlp", 2, broker.StatePending)
+	v.pending(a, 1, sched.ReasonResources, "waiting for 1 GPU")
+	v.pending(b, 2, sched.ReasonResources, "waiting for 1 GPU")
+	v.pending(c, 3, sched.ReasonResources, "waiting for 2 GPUs on one node")
+	v.nodes = []api.NodeView{node("n1", 2, map[int]*broker.Job{0: r1, 1: r1})}
+
+	asked := c.Clone()
+	asked.Pending = &broker.PendingReason{Code: sched.ReasonResources, Message: "waiting for 2 GPUs on one node", Position: 3}
+	x, err := reportsOver(v).Explain(context.Background(), asked, func(team string) bool { return team == "nlp" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.reads != 1 {
+		t.Errorf("the view was read %d times, want once", v.reads)
+	}
+	q := x.Queue
+	if q == nil || q.Waiting != 3 || len(q.Ahead) != 2 {
+		t.Fatalf("queue: %+v", q)
+	}
+	if a := q.Ahead[0]; a.ID != "" || a.Name != "" || a.Team != "cv" || a.Position != 1 {
+		t.Errorf("another team's job ahead shows %+v; want its team and place without id or name", a)
+	}
+	if b := q.Ahead[1]; b.ID != "b" || b.Name != "run-b" || b.Position != 2 {
+		t.Errorf("own team's job ahead: %+v", b)
+	}
+	cl := x.Cluster
+	if cl.GPUs != 2 || cl.FreeGPUs != 0 || !cl.Full || len(cl.NodeList) != 1 || len(cl.NodeList[0].Holders) != 1 {
+		t.Fatalf("cluster: %+v", cl)
+	}
+	h := cl.NodeList[0].Holders[0]
+	if h.Job != "r1" || h.Team != "cv" || h.GPUs != 2 || h.Ends == nil || !h.Ends.Equal(start.Add(2*time.Hour)) {
+		t.Errorf("holder: %+v", h)
+	}
+	if x.Team.Team != "nlp" || x.Team.HeldGPUs != 0 || x.Team.QuotaGPUs == nil || *x.Team.QuotaGPUs != 4 {
+		t.Errorf("team load: %+v", x.Team)
+	}
+	if x.Verdict.Code != VerdictClusterFull || !strings.Contains(x.Verdict.Sentence, "2 of 2 matching GPUs are in use and the job needs 2; it is 3rd in queue default") {
+		t.Errorf("verdict: %+v", x.Verdict)
+	}
+	if x.Exit != nil || len(x.Steps) < 5 || !strings.HasPrefix(x.Steps[1], "2. Queue default: 3 waiting") {
+		t.Errorf("exit %+v, steps %q", x.Exit, x.Steps)
+	}
+}
+
+func TestExplainReadsTheLastAttemptsLogFromTheStore(t *testing.T) {
+	v := &fakeView{}
+	j := jobOf("f", "nlp", 1, broker.StateFailed)
+	one := 1
+	j.Attempt, j.ExitCode = 1, &one
+	j.History = []broker.Transition{
+		{At: t0.Add(-50 * time.Minute), From: broker.StatePending, To: broker.StateStarting},
+		{At: t0.Add(-49 * time.Minute), From: broker.StateStarting, To: broker.StateRunning},
+		{At: t0.Add(-10 * time.Minute), From: broker.StateRunning, To: broker.StateFailed, Reason: "exited", Detail: "exit code 1"},
+	}
+	rs := reportsOver(v)
+	log := "step 1\nstep 2\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+	err := rs.Store.Update(context.Background(), func(tx broker.Tx) error {
+		_, err := broker.AppendLog(tx, j.ID, 1, 0, []byte(log), 1<<20)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := rs.Explain(context.Background(), j, func(string) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := x.Exit
+	if e == nil || e.OOM != "gpu" || !slices.Equal(e.LogTail, strings.Split(strings.TrimSpace(log), "\n")) {
+		t.Fatalf("exit: %+v", e)
+	}
+	if x.Queue != nil || x.Cards != nil {
+		t.Errorf("a failed job shows queue %+v and cards %+v", x.Queue, x.Cards)
+	}
+	if x.Verdict.Code != VerdictGPUOOM || !strings.Contains(x.Verdict.Sentence, "CUDA out of memory") {
+		t.Errorf("verdict: %+v", x.Verdict)
+	}
+}
+
+func TestStarvingListsLongWaitsFromTheView(t *testing.T) {
+	v := &fakeView{}
+	old, fresh, other := jobOf("old", "nlp", 1, broker.StatePending), jobOf("fresh", "nlp", 1, broker.StatePending), jobOf("other", "cv", 1, broker.StatePending)
+	v.pending(old, 1, sched.ReasonQuota, "team nlp at quota 4/4 GPUs")
+	v.pending(other, 2, sched.ReasonResources, "waiting for 1 GPU")
+	v.pending(fresh, 3, sched.ReasonResources, "waiting for 1 GPU")
+	fresh.History[0].At = t0.Add(-10 * time.Minute)
+	v.add(jobOf("run", "nlp", 1, broker.StateRunning))
+
+	got := starving(v, t0, 30*time.Minute, "nlp")
+	want := []api.StarvingJob{{ID: "old", Team: "nlp", Queue: "default", Priority: "normal", Since: t0.Add(-time.Hour), Reason: "team nlp at quota 4/4 GPUs"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("starving nlp = %+v, want %+v", got, want)
+	}
+	if all := starving(v, t0, 30*time.Minute, ""); len(all) != 2 {
+		t.Errorf("starving, all teams: %+v", all)
+	}
+}
+
+func TestSummariseTakesTheNearestRank(t *testing.T) {
+	var ds []time.Duration
+	for i := 10; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Second)
+	}
+	got := summarise(ds)
+	want := api.Durations{Count: 10, Mean: 5.5, P50: 5, P90: 9, P99: 10, Max: 10}
+	if got != want {
+		t.Errorf("summarise = %+v, want %+v", got, want)
+	}
+	if z := summarise(nil); z != (api.Durations{}) {
+		t.Errorf("summarise(nil) = %+v", z)
+	}
+}
