@@ -156,7 +156,7 @@ func (f fleetState) Commit(ctx context.Context, jobs []*broker.Job, dropNodes []
 
 func (f fleetState) WakeNode(name string) { f.s.wakeNodeLocked(name) }
 
-func (f fleetState) NoteReasons(reasons map[string]broker.PendingReason) { f.s.burstReasons = reasons }
+func (f fleetState) NoteReasons(reasons map[string]broker.PendingReason) { f.s.burstWhy = reasons }
 
 func (f fleetState) Kick() { f.s.kick() }
 

@@ -254,7 +254,7 @@ func (s *Server) overlayReasons(jobs []*broker.Job) {
 		}
 		sr, ok := s.reasons[j.ID]
 		r := sr.PendingReason()
-		br, bok := s.burstReasons[j.ID]
+		br, bok := s.burstWhy[j.ID]
 		if bok {
 			// The burst controller's word first (why it does not rent, or
 			// how far the machine is), then the scheduler's with the

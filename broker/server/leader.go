@@ -200,7 +200,7 @@ func (s *Server) resetLocked() {
 	s.reasonSaved = map[string]time.Time{}
 	s.io = map[string]ioState{}
 	s.scheduling = scheduling{}
-	s.burstReasons = map[string]broker.PendingReason{}
+	s.burstWhy = map[string]broker.PendingReason{}
 	s.fleet.ResetLocked()
 	s.telemetry = map[string]*gpu.Sample{}
 	s.owners = map[string]map[int]string{}

@@ -116,11 +116,11 @@ type Server struct {
 	quiet map[string]time.Time
 	meter meterState
 	// fleet is the burst controller's live side (broker/fleet), over this
-	// broker's state (fleetview.go).
+	// broker's state (fleetview.go); mu guards its memory too.
 	fleet *fleet.Fleet
-	// burstReasons is the burst decision's last word on each waiting job
+	// burstWhy is the burst decision's last word on each waiting job
 	// (fleet.Broker's NoteReasons).
-	burstReasons map[string]broker.PendingReason
+	burstWhy map[string]broker.PendingReason
 	// slurm is the broker as Slurm's burst provider (slurm.go).
 	slurm slurmState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
@@ -166,24 +166,24 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		opt.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		store:        store,
-		clock:        opt.Clock,
-		log:          opt.Logger,
-		ids:          newIDSource(),
-		jobs:         map[string]*broker.Job{},
-		nodes:        map[string]*broker.Node{},
-		byNode:       map[string]map[string]bool{},
-		reasons:      map[string]sched.Reason{},
-		reasonSaved:  map[string]time.Time{},
-		io:           map[string]ioState{},
-		telemetry:    map[string]*gpu.Sample{},
-		owners:       map[string]map[int]string{},
-		tele:         telemetryState{open: map[gpuKey]*accum{}},
-		quiet:        map[string]time.Time{},
-		meter:        meterState{reported: map[string]bool{}},
-		burstReasons: map[string]broker.PendingReason{},
-		nodeWake:     map[string]chan struct{}{},
-		schedWake:    make(chan struct{}, 1),
+		store:       store,
+		clock:       opt.Clock,
+		log:         opt.Logger,
+		ids:         newIDSource(),
+		jobs:        map[string]*broker.Job{},
+		nodes:       map[string]*broker.Node{},
+		byNode:      map[string]map[string]bool{},
+		reasons:     map[string]sched.Reason{},
+		reasonSaved: map[string]time.Time{},
+		io:          map[string]ioState{},
+		telemetry:   map[string]*gpu.Sample{},
+		owners:      map[string]map[int]string{},
+		tele:        telemetryState{open: map[gpuKey]*accum{}},
+		quiet:       map[string]time.Time{},
+		meter:       meterState{reported: map[string]bool{}},
+		burstWhy:    map[string]broker.PendingReason{},
+		nodeWake:    map[string]chan struct{}{},
+		schedWake:   make(chan struct{}, 1),
 	}
 	sections, err := adapters.Parse(cfg)
 	if err != nil {
