@@ -94,7 +94,7 @@ func (s *Server) register(c echo.Context) error {
 	n.Pool, n.Instance = "onprem", ""
 	if p.Node != "" {
 		n.Instance = p.Node
-		if r, ok := s.burst.instances[p.Node]; ok {
+		if r := s.fleet.RecordLocked(p.Node); r != nil {
 			n.Pool = r.Provider
 		}
 	}
@@ -196,7 +196,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 			"generation %d is not the node's current %d; register again", req.Generation, old.Generation)
 	}
 	now := s.clock.Now()
-	if err := s.noteNoticesLocked(ctx, req.Node, req.Notices, now); err != nil {
+	if err := s.fleet.NoteNoticesLocked(ctx, req.Node, req.Notices, now); err != nil {
 		return nil, err
 	}
 	n := cloneNode(old)

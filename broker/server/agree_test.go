@@ -290,9 +290,12 @@ func (r *agreeRig) settle() {
 		busy := ""
 		r.srv.mu.Lock()
 		r.mu.Lock()
-		for id := range r.srv.burst.working {
-			if b := r.boots[id]; b == nil || !isOpen(b.release) {
-				busy = id
+		for _, rec := range r.srv.fleet.RecordsLocked() {
+			if !r.srv.fleet.WorkingLocked(rec.ID) {
+				continue
+			}
+			if b := r.boots[rec.ID]; b == nil || !isOpen(b.release) {
+				busy = rec.ID
 			}
 		}
 		r.mu.Unlock()
@@ -335,7 +338,7 @@ func (r *agreeRig) ready(now time.Time) {
 	r.srv.mu.Lock()
 	defer r.srv.mu.Unlock()
 	for _, id := range due {
-		if st := r.srv.burst.instances[id].State; st != broker.MachineReady {
+		if st := r.srv.fleet.RecordLocked(id).State; st != broker.MachineReady {
 			r.t.Fatalf("machine %s is %s after its bootstrap", id, st)
 		}
 	}
@@ -352,7 +355,7 @@ func (r *agreeRig) agents() []*fakeAgent {
 	r.srv.mu.Lock()
 	defer r.srv.mu.Unlock()
 	return slices.DeleteFunc(out, func(a *fakeAgent) bool {
-		rec := r.srv.burst.instances[a.name]
+		rec := r.srv.fleet.RecordLocked(a.name)
 		return rec != nil && (rec.State.Ended() || rec.State == broker.MachineTerminating)
 	})
 }
@@ -395,7 +398,7 @@ func (r *agreeRig) step(now time.Time) {
 	for _, a := range r.agents() {
 		a.sync()
 	}
-	if err := r.srv.BurstCycle(r.ctx); err != nil {
+	if err := r.srv.fleet.BurstCycle(r.ctx); err != nil {
 		r.t.Fatal(err)
 	}
 	r.settle()
@@ -408,7 +411,7 @@ func (r *agreeRig) done() bool {
 	if len(r.srv.jobs) > 0 || len(r.names) < len(agreeTrace) {
 		return false
 	}
-	for _, rec := range r.srv.burst.instances {
+	for _, rec := range r.srv.fleet.RecordsLocked() {
 		if !rec.State.Ended() {
 			return false
 		}
@@ -438,7 +441,7 @@ func agreeLive(t *testing.T) agreeResult {
 	}
 	r.srv.mu.Lock()
 	var rp []*broker.InstanceRecord
-	for _, rec := range r.srv.burst.instances {
+	for _, rec := range r.srv.fleet.RecordsLocked() {
 		rp = append(rp, rec.Clone())
 	}
 	r.srv.mu.Unlock()

@@ -99,8 +99,8 @@ func (s *Server) allocRecord(j *broker.Job, p broker.Placement, now time.Time) b
 			model = gpu.ShortModel(n.Inventory.Devices[0].Model)
 			cardMem = n.Inventory.Devices[0].MemoryBytes
 		}
-		if r, ok := s.burst.instances[n.Instance]; ok && n.Instance != "" {
-			pool.Kind = s.poolKind(r)
+		if r := s.fleet.RecordLocked(n.Instance); r != nil && n.Instance != "" {
+			pool.Kind = s.fleet.PoolKind(r)
 			pool.InstanceID = r.ID
 			pool.Provider = r.Provider
 			pool.Region = r.Offer.Region
@@ -136,7 +136,7 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	machines := s.meterMachinesLocked(cursor)
+	machines := s.fleet.MeterMachinesLocked(cursor)
 	if len(recs) == 0 && len(machines) == 0 {
 		return nil
 	}

@@ -160,7 +160,7 @@ func (r *burstRig) step() {
 		}
 	}
 	r.cycle()
-	if err := r.srv.BurstCycle(r.ctx); err != nil {
+	if err := r.srv.fleet.BurstCycle(r.ctx); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -188,14 +188,14 @@ func (r *burstRig) until(what string, max int, cond func() bool) {
 func (r *burstRig) rec(id string) broker.InstanceRecord {
 	r.srv.mu.Lock()
 	defer r.srv.mu.Unlock()
-	return *r.srv.burst.instances[id]
+	return *r.srv.fleet.RecordLocked(id)
 }
 
 func (r *burstRig) records() []broker.InstanceRecord {
 	r.srv.mu.Lock()
 	defer r.srv.mu.Unlock()
 	var out []broker.InstanceRecord
-	for _, rec := range r.srv.burst.instances {
+	for _, rec := range r.srv.fleet.RecordsLocked() {
 		out = append(out, *rec)
 	}
 	return out
@@ -435,9 +435,9 @@ func TestBurstCrashSafety(t *testing.T) {
 			}
 			r.until("the crash point", 2000, func() bool { return st.crash(r) })
 			r.restart()
-			r.srv.resumeRecords(r.ctx)
+			r.srv.fleet.Resume(r.ctx)
 			r.run(3 * time.Minute) // a reconcile, and the machine's life goes on
-			r.srv.Reconcile(r.ctx)
+			r.srv.fleet.Reconcile(r.ctx)
 			machines, _ := r.cloud.List(context.Background())
 			recs := r.records()
 			byID := map[string]broker.InstanceRecord{}
@@ -561,7 +561,7 @@ func TestBudgetAlerts(t *testing.T) {
 	r.until("the alert recorded", 300, func() bool {
 		found := false
 		_ = r.srv.store.View(context.Background(), func(tx broker.Tx) error {
-			return tx.Scan(broker.BucketMeta, budgetAlertKey, broker.PrefixEnd(budgetAlertKey), func(string, []byte) error {
+			return tx.Scan(broker.BucketMeta, "budget-alert/", broker.PrefixEnd("budget-alert/"), func(string, []byte) error {
 				found = true
 				return nil
 			})
@@ -569,7 +569,7 @@ func TestBudgetAlerts(t *testing.T) {
 		return found
 	})
 	r.restart()
-	r.srv.resumeRecords(r.ctx)
+	r.srv.fleet.Resume(r.ctx)
 	r.run(5 * time.Second)
 	if n := len(got); n != 0 {
 		t.Fatalf("%d alerts repeated after a restart", n)

@@ -148,7 +148,7 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 		if r, ok := s.reasons[id]; ok && r.Code() != "" {
 			code = r.Code()
 		}
-		if r, ok := s.burst.reasons[id]; ok && r.Code != "" {
+		if r, ok := s.burstWhy[id]; ok && r.Code != "" {
 			code = r.Code // the burst controller's word comes first, as in the API
 		}
 		pending[qr{j.Spec.Queue, code}]++

@@ -146,7 +146,7 @@ func TestExplainBurstBlockedByBudget(t *testing.T) {
 	// The burst controller's reason, as its decision leaves it, comes first
 	// in the pending-reason field, followed by the scheduler's.
 	h.srv.mu.Lock()
-	h.srv.burst.reasons[j.ID] = broker.PendingReason{Code: burst.CodeBudget, Message: "burst blocked: budget nlp 4,980/5,000 USD this month"}
+	h.srv.burstWhy[j.ID] = broker.PendingReason{Code: burst.CodeBudget, Message: "burst blocked: budget nlp 4,980/5,000 USD this month"}
 	h.srv.mu.Unlock()
 	x := h.explain(tokAlice, j.ID)
 	wantVerdict(t, x, report.VerdictBurstBudget, "blocked by the budget", "budget nlp 4,980/5,000 USD this month; waiting for 2 GPUs on one node", "0 free, it needs 2", "spillway budget set")

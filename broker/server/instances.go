@@ -1,8 +1,6 @@
 package server
 
 import (
-	"context"
-	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
@@ -22,7 +19,8 @@ func (s *Server) instanceViews(c echo.Context, only string) ([]api.InstanceView,
 	now := s.clock.Now()
 	s.mu.Lock()
 	var views []api.InstanceView
-	for id, r := range s.burst.instances {
+	for _, r := range s.fleet.RecordsLocked() {
+		id := r.ID
 		if only != "" && id != only {
 			continue
 		}
@@ -81,9 +79,9 @@ func (s *Server) getInstance(c echo.Context) error {
 	if len(views) == 0 {
 		// A unique prefix names the machine too, with or without "spw-".
 		s.mu.Lock()
-		ids := make([]string, 0, len(s.burst.instances))
-		for id := range s.burst.instances {
-			ids = append(ids, id)
+		var ids []string
+		for _, r := range s.fleet.RecordsLocked() {
+			ids = append(ids, r.ID)
 		}
 		s.mu.Unlock()
 		id, perr := matchInstancePrefix(ids, c.Param("id"))
@@ -103,18 +101,11 @@ func (s *Server) getInstance(c echo.Context) error {
 }
 
 func (s *Server) burstPlan(c echo.Context) error {
-	d, in, err := s.PlanBurst(c.Request().Context())
+	d, in, err := s.fleet.PlanBurst(c.Request().Context())
 	if err != nil {
 		return err
 	}
-	names := []string{}
-	s.mu.Lock()
-	for name := range s.burst.providers {
-		names = append(names, name)
-	}
-	s.mu.Unlock()
-	slices.Sort(names)
-	return c.JSON(http.StatusOK, api.BurstPlan{Decision: d, Input: in, Providers: names})
+	return c.JSON(http.StatusOK, api.BurstPlan{Decision: d, Input: in, Providers: s.fleet.ProviderNames()})
 }
 
 func (s *Server) budgetViews(c echo.Context) ([]api.BudgetView, error) {
@@ -184,46 +175,4 @@ func (s *Server) setBudget(c echo.Context) error {
 	}
 	s.log.Info("burst budget set", "scope", scope, "limit", limit.String(), "currency", s.currency(), "by", p.Name)
 	return c.JSON(http.StatusOK, b)
-}
-
-// budgetAlertKey prefixes the meta keys of alerts raised
-// ("budget-alert/2026-12/global/80").
-const budgetAlertKey = "budget-alert/"
-
-// checkBudgetAlertsLocked raises an alert the first time in a month a
-// scope's committed spend crosses 80% and 100% of its budget: a log line,
-// the gauge, and the webhook when configured.
-func (s *Server) checkBudgetAlertsLocked(in *burst.Input) {
-	month := in.Now.In(s.billingZone()).Format("2006-01")
-	for scope, b := range in.Budgets {
-		if b.Limit <= 0 {
-			continue
-		}
-		ratio := float64(b.Committed) / float64(b.Limit)
-		s.metrics.budgetUsed.WithLabelValues(scope).Set(ratio)
-		for _, level := range []float64{0.8, 1.0} {
-			key := fmt.Sprintf("%s/%s/%.0f", month, scope, level*100)
-			if ratio < level || s.burst.alerted[key] {
-				continue
-			}
-			s.burst.alerted[key] = true
-			s.goWork(func(ctx context.Context) {
-				// Kept, so a restart does not raise the alert again.
-				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if err := s.store.Batch(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketMeta, budgetAlertKey+key, []byte("1")) }); err != nil {
-					s.log.Warn("record budget alert", "key", key, "err", err)
-				}
-			})
-			msg := fmt.Sprintf("burst budget %s at %.0f%%: %s of %s %s committed in %s", scope, ratio*100,
-				burst.Money(b.Committed), burst.Money(b.Limit), in.Currency, month)
-			s.log.Warn("budget alert", "scope", scope, "level", level, "committed", b.Committed.String(), "limit", b.Limit.String(), "msg", msg)
-			s.metrics.budgetAlerts.WithLabelValues(scope, fmt.Sprintf("%.0f", level*100)).Inc()
-			if url := s.cfg().Burst.AlertWebhook; url != "" {
-				body := map[string]any{"scope": scope, "month": month, "level": level, "ratio": ratio,
-					"committed": b.Committed.String(), "limit": b.Limit.String(), "currency": in.Currency, "message": msg}
-				s.goWork(func(ctx context.Context) { s.postAlert(ctx, url, body) })
-			}
-		}
-	}
 }

@@ -48,15 +48,10 @@ func (s *Server) specLimitsLocked() broker.SpecLimits {
 			mem = max(mem, d.MemoryBytes)
 		}
 	}
-	for name, offers := range s.burst.offers {
-		if _, ok := s.burst.providers[name]; !ok {
-			continue
-		}
-		for _, o := range offers {
-			if o.Available {
-				largest = max(largest, o.GPUs)
-				mem = max(mem, o.GPUMemoryBytes)
-			}
+	for o := range s.fleet.AllOffersLocked() {
+		if o.Available {
+			largest = max(largest, o.GPUs)
+			mem = max(mem, o.GPUMemoryBytes)
 		}
 	}
 	if largest > 0 {
@@ -259,7 +254,7 @@ func (s *Server) overlayReasons(jobs []*broker.Job) {
 		}
 		sr, ok := s.reasons[j.ID]
 		r := sr.PendingReason()
-		br, bok := s.burst.reasons[j.ID]
+		br, bok := s.burstWhy[j.ID]
 		if bok {
 			// The burst controller's word first (why it does not rent, or
 			// how far the machine is), then the scheduler's with the

@@ -13,10 +13,8 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/gpu"
-	"github.com/spillway-dev/spillway/providers"
 )
 
 // haState is the leader election of a broker that shares its store with
@@ -50,7 +48,7 @@ var errNotLeader = newError(http.StatusServiceUnavailable, "not_leader", "this b
 // metering), the burst controller and the scheduled billing exports. Add
 // new leader-only work here.
 func (s *Server) leaderTasks() []func(context.Context) {
-	return []func(context.Context){s.loop, s.burstLoop, s.runExports, s.slurmLoop}
+	return []func(context.Context){s.loop, s.fleet.Loop, s.runExports, s.slurmLoop}
 }
 
 // initHA makes the broker a standby under elector until it wins a lease.
@@ -137,7 +135,7 @@ func (s *Server) takeOver(ctx context.Context, token uint64) error {
 		s.resetLocked()
 		return fmt.Errorf("load state: %w", err)
 	}
-	if err := s.loadInstances(ctx); err != nil {
+	if err := s.fleet.LoadLocked(ctx); err != nil {
 		s.resetLocked()
 		return err
 	}
@@ -188,10 +186,9 @@ func (s *Server) noteStore(err error) {
 }
 
 // resetLocked drops the leader's in-memory view (it is rebuilt from the
-// store by load, loadInstances and, lazily, schedulingLocked). Every field
+// store by load, the fleet's LoadLocked and, lazily, schedulingLocked). Every field
 // that load or the leader tasks fill belongs here; TestStepDownDropsState
-// checks none is forgotten. The burst controller's providers, SSH key and
-// bootstrap come from the config and stay.
+// checks none is forgotten (and the fleet's own, ResetLocked).
 func (s *Server) resetLocked() {
 	for _, ch := range s.nodeWake {
 		close(ch)
@@ -203,19 +200,8 @@ func (s *Server) resetLocked() {
 	s.reasonSaved = map[string]time.Time{}
 	s.io = map[string]ioState{}
 	s.scheduling = scheduling{}
-	b := &s.burst
-	b.instances = map[string]*broker.InstanceRecord{}
-	b.offers = map[string][]providers.Offer{}
-	b.offersAt = time.Time{}
-	b.reasons = map[string]broker.PendingReason{}
-	b.orphans = map[string]time.Time{}
-	b.reconciled = time.Time{}
-	b.alerted = map[string]bool{}
-	b.active = false
-	b.last = burst.Decision{}
-	// b.working stays: workers of the last term end with its context and
-	// take their own ids out, and until then no second worker starts for
-	// the same machine.
+	s.burstWhy = map[string]broker.PendingReason{}
+	s.fleet.ResetLocked()
 	s.telemetry = map[string]*gpu.Sample{}
 	s.owners = map[string]map[int]string{}
 	s.tele = telemetryState{open: map[gpuKey]*accum{}}

@@ -250,6 +250,18 @@ func TestStepDownDropsState(t *testing.T) {
 			t.Errorf("field %s still holds state after step-down", v.Type().Field(i).Name)
 		}
 	}
+	// The fleet's memory too (fleet.ResetLocked), but for what comes
+	// from the config and the workers still running.
+	fv := reflect.ValueOf(h.srv.fleet).Elem()
+	for i := 0; i < fv.NumField(); i++ {
+		name := fv.Type().Field(i).Name
+		if name == "providers" || name == "kinds" || name == "working" {
+			continue
+		}
+		if nonEmptyMaps(fv.Field(i)) {
+			t.Errorf("fleet field %s still holds state after step-down", name)
+		}
+	}
 }
 
 // nonEmptyMaps reports whether v is, or is a struct holding, a non-empty

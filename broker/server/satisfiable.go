@@ -22,7 +22,7 @@ func (s *Server) unsatisfiableLocked(spec broker.Spec) error {
 	if want == "" || len(s.nodes) == 0 {
 		return nil
 	}
-	if spec.Burst != broker.BurstNever && len(s.cfg().Providers) > 0 && s.burst.offersAt.IsZero() {
+	if spec.Burst != broker.BurstNever && len(s.cfg().Providers) > 0 && !s.fleet.OffersKnownLocked() {
 		return nil // the offers are not known yet
 	}
 	var models []string
@@ -39,19 +39,19 @@ func (s *Server) unsatisfiableLocked(spec broker.Spec) error {
 			add(gpu.ShortModel(d.Model))
 		}
 	}
+	offered := false
 	if spec.Burst != broker.BurstNever {
-		for _, offers := range s.burst.offers {
-			for _, o := range offers {
-				if modelFits(o.GPUModel, want) {
-					return nil
-				}
-				add(o.GPUModel)
+		for o := range s.fleet.AllOffersLocked() {
+			offered = true
+			if modelFits(o.GPUModel, want) {
+				return nil
 			}
+			add(o.GPUModel)
 		}
 	}
 	slices.Sort(models)
 	where := "no node"
-	if spec.Burst != broker.BurstNever && (len(s.cfg().Providers) > 0 || len(s.burst.offers) > 0) {
+	if spec.Burst != broker.BurstNever && (len(s.cfg().Providers) > 0 || offered) {
 		where = "no node and no cloud offer"
 	}
 	e := newError(http.StatusBadRequest, CodeUnsatisfiable, "%s has gpuModel %s (known: %s); the job would wait forever",

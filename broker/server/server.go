@@ -26,6 +26,7 @@ import (
 	"github.com/spillway-dev/spillway/broker/adapters"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/fleet"
 	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/providers"
@@ -48,7 +49,7 @@ type Options struct {
 	// Providers are added to the configured ones (tests use fakes).
 	Providers []providers.Provider
 	// Bootstrap replaces the SSH bootstrap of burst machines (tests).
-	Bootstrap BootstrapFunc
+	Bootstrap fleet.BootstrapFunc
 	// ConfigFile is the file the config came from, read again by Reload
 	// (reload.go); "" when there is none to reload.
 	ConfigFile string
@@ -114,9 +115,12 @@ type Server struct {
 	// quiet[j] is when job j's cards last dropped under the idle threshold.
 	quiet map[string]time.Time
 	meter meterState
-	burst burstState
-	// reclaim holds the offers' cool-downs and refreshed prices (reclaim.go, offers.go).
-	reclaim reclaimState
+	// fleet is the burst controller's live side (broker/fleet), over this
+	// broker's state (fleetview.go); mu guards its memory too.
+	fleet *fleet.Fleet
+	// burstWhy is the burst decision's last word on each waiting job
+	// (fleet.Broker's NoteReasons).
+	burstWhy map[string]broker.PendingReason
 	// slurm is the broker as Slurm's burst provider (slurm.go).
 	slurm slurmState
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
@@ -177,6 +181,7 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		tele:        telemetryState{open: map[gpuKey]*accum{}},
 		quiet:       map[string]time.Time{},
 		meter:       meterState{reported: map[string]bool{}},
+		burstWhy:    map[string]broker.PendingReason{},
 		nodeWake:    map[string]chan struct{}{},
 		schedWake:   make(chan struct{}, 1),
 	}
@@ -195,7 +200,7 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 	} else if err := s.load(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.initBurst(ctx, opt); err != nil {
+	if err := s.initFleet(ctx, opt); err != nil {
 		return nil, err
 	}
 	s.echo = s.routes(opt.Registry)

@@ -24,6 +24,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"github.com/spillway-dev/spillway/broker/config"
+	"github.com/spillway-dev/spillway/broker/fleet"
 	"github.com/spillway-dev/spillway/broker/slurm"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/bootstrap"
@@ -100,7 +101,7 @@ func (s *Server) slurmCommands() slurm.Commands {
 
 // liveSlurmRecordLocked is the record backing a node that has not ended.
 func (s *Server) liveSlurmRecordLocked(node string) *broker.InstanceRecord {
-	for _, r := range s.burst.instances {
+	for _, r := range s.fleet.RecordsLocked() {
 		if r.SlurmNode == node && !r.State.Ended() {
 			return r
 		}
@@ -116,7 +117,7 @@ func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []api.Slu
 	cfg := s.cfg().Slurm
 	cmds := s.slurmCommands()
 	now := s.clock.Now()
-	s.refreshOffers(ctx, now)
+	s.fleet.RefreshOffers(ctx, now)
 	var res api.SlurmResult
 	var down []api.SlurmNodeResult
 	for _, name := range names {
@@ -163,7 +164,7 @@ func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []api.Slu
 		rec.History = []broker.Transition{{At: now, To: broker.State(broker.MachineRequested), Reason: "slurm_resume",
 			Detail: fmt.Sprintf("slurm node %s: %s %s, projected %s %s", name, offers[0].Provider, offers[0].InstanceType, burst.Money(cost), s.currency())}}
 		var scope string
-		err = s.putRecordLocked(ctx, rec, nil, func(tx broker.Tx) error {
+		err = s.fleet.PutRecordLocked(ctx, rec, nil, func(tx broker.Tx) error {
 			if offers[0].Prepaid {
 				return nil
 			}
@@ -186,7 +187,7 @@ func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []api.Slu
 			return res, err
 		}
 		s.log.Info("slurm resume", "node", name, "record", id, "offer", offers[0].Key(), "team", team, "projected", cost.String())
-		s.startWorkerLocked(wctx, id, s.launchWorker)
+		s.fleet.StartWorkerLocked(wctx, id, s.fleet.LaunchWorker)
 		s.mu.Unlock()
 		r.Action, r.Record, r.Offer = "launching", id, offers[0].Key()
 		res.Nodes = append(res.Nodes, r)
@@ -268,22 +269,14 @@ func (s *Server) slurmOffersLocked(e config.SlurmNodes) []providers.Offer {
 	}
 	var out []ranked
 	seen := map[string]bool{}
-	names := make([]string, 0, len(s.burst.offers))
-	for n := range s.burst.offers {
-		if _, ok := s.burst.providers[n]; ok {
-			names = append(names, n)
-		}
-	}
-	slices.Sort(names)
+	all := s.fleet.OffersLocked()
 	for rank, sel := range e.Offers {
-		for _, n := range names {
-			for _, o := range s.burst.offers[n] {
-				if seen[o.Key()] || !selects(sel, o) {
-					continue
-				}
-				seen[o.Key()] = true
-				out = append(out, ranked{o, rank})
+		for _, o := range all {
+			if seen[o.Key()] || !selects(sel, o) {
+				continue
 			}
+			seen[o.Key()] = true
+			out = append(out, ranked{o, rank})
 		}
 	}
 	sort.SliceStable(out, func(a, b int) bool {
@@ -340,7 +333,7 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (api.SlurmRes
 			res.Nodes = append(res.Nodes, r)
 			continue
 		}
-		_, err := s.update(ctx, live.ID, func(rr *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
+		_, err := s.fleet.Update(ctx, live.ID, func(rr *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
 			if rr.State != broker.MachineDraining && rr.State != broker.MachineTerminating {
 				rr.Transit(now, broker.MachineDraining, "slurm_suspend", "slurmctld suspends node "+name)
 			}
@@ -350,7 +343,7 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (api.SlurmRes
 			return res, err
 		}
 		s.mu.Lock()
-		s.startWorkerLocked(wctx, live.ID, s.slurmSuspendWorker)
+		s.fleet.StartWorkerLocked(wctx, live.ID, s.slurmSuspendWorker)
 		s.mu.Unlock()
 		res.Nodes = append(res.Nodes, r)
 	}
@@ -360,7 +353,7 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (api.SlurmRes
 // slurmSuspendWorker carries a draining Slurm record to deletion. A launch
 // worker still running for it sees the state change and stops.
 func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
-	rec, prov := s.record(id)
+	rec, prov := s.fleet.Record(id)
 	if rec == nil || rec.State != broker.MachineDraining {
 		return
 	}
@@ -398,7 +391,7 @@ func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
 	if ctx.Err() != nil {
 		return
 	}
-	if rec.SSHHost != "" && prov != nil && s.burst.signer != nil {
+	if rec.SSHHost != "" && prov != nil && s.fleet.Signer() != nil {
 		cctx, cancel := context.WithTimeout(ctx, time.Minute)
 		_, err := bootstrap.RunScripts(cctx, s.slurmTarget(rec, prov), []bootstrap.ScriptStep{{Name: "stop slurmd", Script: stopSlurmdScript(s.slurmPidFile(rec.SlurmNode))}},
 			bootstrap.ScriptOptions{ConnectTimeout: 30 * time.Second, CommandTimeout: 30 * time.Second})
@@ -407,7 +400,7 @@ func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
 			log.Warn("slurm: stop slurmd", "err", err)
 		}
 	}
-	if _, err := s.update(ctx, id, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
+	if _, err := s.fleet.Update(ctx, id, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
 		if r.State == broker.MachineDraining {
 			r.Transit(now, broker.MachineTerminating, "slurm_suspend", "slurmd stopped; deleting the machine")
 		}
@@ -417,14 +410,14 @@ func (s *Server) slurmSuspendWorker(ctx context.Context, id string) {
 		return
 	}
 	if rec.ProviderID == "" {
-		s.closeRecord(ctx, id, "slurm_suspend", "suspended before the provider created a machine", time.Time{})
+		s.fleet.CloseRecord(ctx, id, "slurm_suspend", "suspended before the provider created a machine", time.Time{})
 		return
 	}
-	s.terminateWorker(ctx, id)
+	s.fleet.TerminateWorker(ctx, id)
 }
 
 func (s *Server) slurmTarget(rec *broker.InstanceRecord, prov providers.Provider) bootstrap.Target {
-	return bootstrap.Target{Addr: rec.SSHHost, User: rec.SSHUser, Signer: s.burst.signer,
+	return bootstrap.Target{Addr: rec.SSHHost, User: rec.SSHUser, Signer: s.fleet.Signer(),
 		HostKeys: func(ctx context.Context) ([]ssh.PublicKey, error) { return prov.HostKeys(ctx, rec.ProviderID) }}
 }
 
@@ -447,7 +440,7 @@ func stopSlurmdScript(pidFile string) string {
 func (s *Server) stepSlurmd(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) error {
 	cfg := s.cfg().Slurm
 	if cfg == nil {
-		return &errStep{"slurm bootstrap", errors.New("the broker config has no slurm: section any more")}
+		return &fleet.StepError{Step: "slurm bootstrap", Err: errors.New("the broker config has no slurm: section any more")}
 	}
 	cmds := s.slurmCommands()
 	host := rec.SSHHost
@@ -455,11 +448,11 @@ func (s *Server) stepSlurmd(ctx context.Context, rec *broker.InstanceRecord, pro
 		host = h
 	}
 	if err := cmds.SetAddr(ctx, rec.SlurmNode, host, cfg.Node.Hostname); err != nil {
-		return &errStep{"slurm node address", err}
+		return &fleet.StepError{Step: "slurm node address", Err: err}
 	}
 	steps, err := slurmdSteps(cfg, rec.SlurmNode, s.slurmPidFile(rec.SlurmNode))
 	if err != nil {
-		return &errStep{"slurm bootstrap", err}
+		return &fleet.StepError{Step: "slurm bootstrap", Err: err}
 	}
 	started := s.clock.Now()
 	tr, err := bootstrap.RunScripts(ctx, s.slurmTarget(rec, prov), steps, bootstrap.ScriptOptions{})
@@ -471,16 +464,16 @@ func (s *Server) stepSlurmd(ctx context.Context, rec *broker.InstanceRecord, pro
 	}
 	raw, _ := json.Marshal(tr)
 	if err != nil {
-		_, _ = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, _ time.Time) ([]*broker.Job, func(broker.Tx) error) {
+		_, _ = s.fleet.Update(ctx, rec.ID, func(r *broker.InstanceRecord, _ time.Time) ([]*broker.Job, func(broker.Tx) error) {
 			r.Bootstrap = raw
 			return nil, nil
 		})
 		if providers.IsHostKeyMismatch(err) {
-			return &errStep{"bootstrap", fmt.Errorf("host key mismatch, nothing was run: %w", err)}
+			return &fleet.StepError{Step: "bootstrap", Err: fmt.Errorf("host key mismatch, nothing was run: %w", err)}
 		}
-		return &errStep{"slurm bootstrap", err}
+		return &fleet.StepError{Step: "slurm bootstrap", Err: err}
 	}
-	_, err = s.update(ctx, rec.ID, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
+	_, err = s.fleet.Update(ctx, rec.ID, func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
 		if r.State != broker.MachineBootstrapping {
 			return nil, nil // suspended meanwhile
 		}
@@ -570,7 +563,7 @@ func (s *Server) waitSlurmRegistered(ctx context.Context, cmds slurm.Commands, i
 	defer cancel()
 	var last slurm.Node
 	for {
-		if rec, _ := s.record(id); rec == nil || rec.State != broker.MachineBootstrapping {
+		if rec, _ := s.fleet.Record(id); rec == nil || rec.State != broker.MachineBootstrapping {
 			return errors.New("the node was suspended while slurmd started")
 		}
 		n, err := cmds.ShowNode(ctx, node)
@@ -605,9 +598,10 @@ func (s *Server) slurmLoop(ctx context.Context) {
 	}
 	s.mu.Lock()
 	s.slurm.ctx = ctx
-	for id, r := range s.burst.instances {
+	for _, r := range s.fleet.RecordsLocked() {
+		id := r.ID
 		if r.SlurmNode != "" && r.State == broker.MachineDraining {
-			s.startWorkerLocked(ctx, id, s.slurmSuspendWorker)
+			s.fleet.StartWorkerLocked(ctx, id, s.slurmSuspendWorker)
 		}
 	}
 	s.mu.Unlock()
@@ -630,7 +624,7 @@ func (s *Server) slurmLoop(ctx context.Context) {
 func (s *Server) pollSlurmJobs(ctx context.Context) {
 	s.mu.Lock()
 	var nodes []string
-	for _, r := range s.burst.instances {
+	for _, r := range s.fleet.RecordsLocked() {
 		if r.SlurmNode != "" && r.LaunchedAt != nil && !r.State.Ended() {
 			nodes = append(nodes, r.SlurmNode)
 		}
@@ -668,7 +662,7 @@ func (s *Server) mergeSlurmJobs(ctx context.Context, queried []string, jobs []sl
 			byNode[n] = append(byNode[n], j)
 		}
 	}
-	for _, r := range s.burst.instances {
+	for _, r := range s.fleet.RecordsLocked() {
 		if r.SlurmNode == "" || r.LaunchedAt == nil || r.State.Ended() || !slices.Contains(queried, r.SlurmNode) {
 			continue
 		}
@@ -701,7 +695,7 @@ func (s *Server) mergeSlurmJobs(ctx context.Context, queried []string, jobs []sl
 		}
 		rr := r.Clone()
 		rr.SlurmJobs = merged
-		if err := s.putRecordLocked(ctx, rr, nil, nil); err != nil {
+		if err := s.fleet.PutRecordLocked(ctx, rr, nil, nil); err != nil {
 			s.log.Warn("slurm: record jobs", "record", r.ID, "err", err)
 		}
 	}
@@ -718,14 +712,14 @@ func equalJob(a, b slurm.Job) bool {
 // pool. The machine's other GPU-time stays overhead.
 func (s *Server) slurmAllocsLocked(cursor time.Time) []billing.Allocation {
 	var out []billing.Allocation
-	for _, r := range s.burst.instances {
+	for _, r := range s.fleet.RecordsLocked() {
 		if r.SlurmNode == "" || r.LaunchedAt == nil || len(r.SlurmJobs) == 0 {
 			continue
 		}
 		if r.TerminatedAt != nil && !cursor.IsZero() && r.TerminatedAt.Before(cursor.Add(-time.Hour)) {
 			continue
 		}
-		pool := billing.Pool{Kind: s.poolKind(r), Name: r.Provider, Node: r.SlurmNode, Provider: r.Provider, Region: r.Offer.Region,
+		pool := billing.Pool{Kind: s.fleet.PoolKind(r), Name: r.Provider, Node: r.SlurmNode, Provider: r.Provider, Region: r.Offer.Region,
 			InstanceType: r.Offer.InstanceType, InstanceID: r.ID}
 		for _, j := range r.SlurmJobs {
 			gpus := min(j.GPUs, max(r.Offer.GPUs, 0))

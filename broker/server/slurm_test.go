@@ -110,7 +110,7 @@ func TestSlurmResume(t *testing.T) {
 		t.Fatalf("refused resume: %+v", res.Nodes)
 	}
 	h.srv.mu.Lock()
-	n := len(h.srv.burst.instances)
+	n := len(h.srv.fleet.RecordsLocked())
 	h.srv.mu.Unlock()
 	if n != 0 || len(cloud.CreateCalls) != 0 {
 		t.Fatalf("a refused resume wrote %d records, %d creates", n, len(cloud.CreateCalls))
@@ -126,7 +126,7 @@ func TestSlurmResume(t *testing.T) {
 		t.Fatalf("resume: %d %+v", code, res)
 	}
 	id := res.Nodes[0].Record
-	rec, _ := h.srv.record(id)
+	rec, _ := h.srv.fleet.Record(id)
 	if rec.SlurmNode != "burst-1" || rec.Offer.InstanceType != "small" || len(rec.Fallbacks) != 1 || rec.Fallbacks[0].InstanceType != "small-b" ||
 		rec.Team != "nlp" || rec.ProjectedCost != price("12.00") {
 		t.Fatalf("record: %+v", rec)
@@ -135,10 +135,10 @@ func TestSlurmResume(t *testing.T) {
 	// launch fails, the machine is deleted, the reservation released.
 	waitUntil(t, "the launch fails", func() bool {
 		h.clock.Step(time.Second) // the delete's retry backoff
-		r, _ := h.srv.record(id)
+		r, _ := h.srv.fleet.Record(id)
 		return r.State == broker.MachineFailed || r.State == broker.MachineTerminated
 	})
-	rec, _ = h.srv.record(id)
+	rec, _ = h.srv.fleet.Record(id)
 	if !strings.Contains(rec.Reason, "slurm node address") || len(cloud.DeleteCalls) == 0 {
 		t.Fatalf("failed launch: %s (%d deletes)", rec.Reason, len(cloud.DeleteCalls))
 	}
@@ -192,15 +192,20 @@ func TestSlurmdSteps(t *testing.T) {
 
 func TestSlurmAllocs(t *testing.T) {
 	launched, ended := t0, t0.Add(time.Hour)
-	s := &Server{}
-	s.burst.kinds = map[string]billing.PoolKind{"cloud": billing.PoolCloud}
-	s.burst.instances = map[string]*broker.InstanceRecord{"spw-1": {ID: "spw-1", Provider: "cloud", Team: "nlp", SlurmNode: "burst-1",
-		Offer: providers.Offer{InstanceType: "small", GPUModel: "H100", GPUs: 1}, LaunchedAt: &launched, TerminatedAt: &ended,
+	h, _ := slurmHarness(t) // its provider "cloud" is a cloud pool
+	s := h.srv
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.fleet.PutRecordLocked(h.ctx, &broker.InstanceRecord{ID: "spw-1", Provider: "cloud", Team: "nlp", SlurmNode: "burst-1",
+		State: broker.MachineTerminated, Offer: providers.Offer{InstanceType: "small", GPUModel: "H100", GPUs: 1}, LaunchedAt: &launched, TerminatedAt: &ended,
 		SlurmJobs: []slurm.Job{
 			{ID: "7", Account: "vision", User: "ann", Partition: "burst", GPUs: 1, Start: t0.Add(time.Minute), End: t0.Add(2 * time.Minute)},
 			{ID: "8", GPUs: 2, Start: t0.Add(3 * time.Minute)}, // still running when the machine ended; more GPUs than it has
 			{ID: "9", GPUs: 0, Start: t0.Add(3 * time.Minute)}, // no GPU: its time stays overhead
-		}}}
+		}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := s.slurmAllocsLocked(time.Time{})
 	if len(got) != 2 {
 		t.Fatalf("allocations %+v", got)
@@ -225,7 +230,7 @@ func TestMergeSlurmJobs(t *testing.T) {
 			SlurmJobs: []slurm.Job{{ID: "6", GPUs: 1, Start: t0.Add(time.Minute)}}},
 	} {
 		h.srv.mu.Lock()
-		err := h.srv.putRecordLocked(h.ctx, r, nil, nil)
+		err := h.srv.fleet.PutRecordLocked(h.ctx, r, nil, nil)
 		h.srv.mu.Unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -239,8 +244,8 @@ func TestMergeSlurmJobs(t *testing.T) {
 		{ID: "7", GPUs: 1, Start: t0.Add(2 * time.Minute), Nodes: []string{"burst-1"}, State: "RUNNING"},
 		{ID: "4", GPUs: 1, Start: t0.Add(-time.Hour), End: t0.Add(-50 * time.Minute), Nodes: []string{"burst-1"}},
 	})
-	r1, _ := h.srv.record("spw-1")
-	r2, _ := h.srv.record("spw-2")
+	r1, _ := h.srv.fleet.Record("spw-1")
+	r2, _ := h.srv.fleet.Record("spw-2")
 	if len(r1.SlurmJobs) != 2 || r1.SlurmJobs[0].ID != "5" || !r1.SlurmJobs[0].End.Equal(t0.Add(10*time.Minute)) ||
 		r1.SlurmJobs[1].ID != "7" || !r1.SlurmJobs[1].End.IsZero() {
 		t.Fatalf("burst-1 jobs: %+v", r1.SlurmJobs)

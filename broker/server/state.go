@@ -301,8 +301,8 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 // endedMachineLocked reports whether name is a burst machine the
 // controller is ending or has ended.
 func (s *Server) endedMachineLocked(name string) bool {
-	r, ok := s.burst.instances[name]
-	if !ok {
+	r := s.fleet.RecordLocked(name)
+	if r == nil {
 		return false
 	}
 	switch r.State {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+
+	"github.com/spillway-dev/spillway/broker/fleet"
 )
 
 // TestTermWaitsForItsWork: a term ends only once the work it started has
@@ -40,14 +42,14 @@ func TestTermWaitsForItsWork(t *testing.T) {
 // returned.
 func TestBurstWorkersOwned(t *testing.T) {
 	s := &Server{}
-	s.burst.working = map[string]bool{}
+	s.fleet = fleet.New(fleet.Options{Broker: fleetState{s}})
 	ctx, cancel := context.WithCancel(context.Background())
 	started, done := make(chan struct{}), make(chan struct{})
 	var ended atomic.Bool
 	go func() {
 		s.runTerm(ctx, []func(context.Context){func(ctx context.Context) {
 			s.mu.Lock()
-			s.startWorkerLocked(ctx, "m1", func(wctx context.Context, id string) {
+			s.fleet.StartWorkerLocked(ctx, "m1", func(wctx context.Context, id string) {
 				close(started)
 				<-wctx.Done()
 				ended.Store(true)
@@ -65,7 +67,7 @@ func TestBurstWorkersOwned(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.burst.working["m1"] {
+	if s.fleet.WorkingLocked("m1") {
 		t.Fatal("the worker's id is still marked working")
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package fleet
 
 import (
 	"context"
@@ -31,19 +31,13 @@ import (
 // The machine, once empty, is scaled down; the ledger closes it at the
 // reclaim time at the latest.
 
-// reclaimState is guarded by Server.mu.
-type reclaimState struct {
-	// coolDowns by offer key.
-	coolDowns map[string]burst.CoolDown
-}
-
 // noticeWatch is what a burst machine's agent watches: the metadata server
 // of its provider, for spot and preemptible machines only.
-func (s *Server) noticeWatch(rec *broker.InstanceRecord) *agentapi.NoticeWatch {
+func (f *Fleet) noticeWatch(rec *broker.InstanceRecord) *agentapi.NoticeWatch {
 	if !rec.Offer.Spot {
 		return nil
 	}
-	for _, pc := range s.adapt().Providers {
+	for _, pc := range f.adapt().Providers {
 		switch {
 		case pc.AWS != nil && pc.Name() == rec.Provider:
 			return &agentapi.NoticeWatch{Provider: "aws", Endpoint: pc.AWS.MetadataEndpoint}
@@ -55,39 +49,39 @@ func (s *Server) noticeWatch(rec *broker.InstanceRecord) *agentapi.NoticeWatch {
 }
 
 // coolDownLocked keeps an offer out of decisions for the configured time.
-func (s *Server) coolDownLocked(o providers.Offer, now time.Time, reason string) {
-	if s.reclaim.coolDowns == nil {
-		s.reclaim.coolDowns = map[string]burst.CoolDown{}
+func (f *Fleet) coolDownLocked(o providers.Offer, now time.Time, reason string) {
+	if f.coolDowns == nil {
+		f.coolDowns = map[string]burst.CoolDown{}
 	}
-	s.reclaim.coolDowns[o.Key()] = burst.CoolDown{Until: now.Add(s.cfg().Burst.OfferCoolDown.D()), Reason: reason}
-	s.log.Info("offer cooling down", "offer", o.Key(), "for", s.cfg().Burst.OfferCoolDown.D(), "reason", reason)
+	f.coolDowns[o.Key()] = burst.CoolDown{Until: now.Add(f.cfg().Burst.OfferCoolDown.D()), Reason: reason}
+	f.log.Info("offer cooling down", "offer", o.Key(), "for", f.cfg().Burst.OfferCoolDown.D(), "reason", reason)
 }
 
 // noteCapacityError cools an offer down after the provider refused it.
-func (s *Server) noteCapacityError(o providers.Offer, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.coolDownLocked(o, s.clock.Now(), "the provider refused it: "+err.Error())
+func (f *Fleet) noteCapacityError(o providers.Offer, err error) {
+	f.st.Lock()
+	defer f.st.Unlock()
+	f.coolDownLocked(o, f.clock.Now(), "the provider refused it: "+err.Error())
 }
 
 // coolDownsLocked are the cool-downs still running at now (a copy: the
 // decision's input).
-func (s *Server) coolDownsLocked(now time.Time) map[string]burst.CoolDown {
+func (f *Fleet) coolDownsLocked(now time.Time) map[string]burst.CoolDown {
 	out := map[string]burst.CoolDown{}
-	for k, c := range s.reclaim.coolDowns {
+	for k, c := range f.coolDowns {
 		if now.Before(c.Until) {
 			out[k] = c
 		} else {
-			delete(s.reclaim.coolDowns, k)
+			delete(f.coolDowns, k)
 		}
 	}
 	return out
 }
 
-// noteNoticesLocked acts on the notices a burst machine's agent reports.
+// NoteNoticesLocked acts on the notices a burst machine's agent reports.
 // It is idempotent: the agent repeats its notices in every heartbeat.
-func (s *Server) noteNoticesLocked(ctx context.Context, node string, notices []agentapi.Notice, now time.Time) error {
-	r, ok := s.burst.instances[node]
+func (f *Fleet) NoteNoticesLocked(ctx context.Context, node string, notices []agentapi.Notice, now time.Time) error {
+	r, ok := f.instances[node]
 	if !ok || len(notices) == 0 {
 		return nil
 	}
@@ -96,13 +90,13 @@ func (s *Server) noteNoticesLocked(ctx context.Context, node string, notices []a
 			if r.Reclaim != nil {
 				continue
 			}
-			return s.reclaimLocked(ctx, r, n, now)
+			return f.reclaimLocked(ctx, r, n, now)
 		}
 		if !hasTransition(r, n.Kind) {
 			rr := r.Clone()
 			rr.History = append(rr.History, broker.Transition{At: now, From: broker.State(r.State), To: broker.State(r.State),
 				Reason: n.Kind, Detail: "the provider says this spot machine is at elevated risk of interruption; its jobs took a checkpoint"})
-			if err := s.putRecordLocked(ctx, rr, nil, nil); err != nil {
+			if err := f.PutRecordLocked(ctx, rr, nil, nil); err != nil {
 				return err
 			}
 			r = rr
@@ -123,14 +117,14 @@ func hasTransition(r *broker.InstanceRecord, reason string) bool {
 // reclaimLocked marks a machine ending on the provider's notice, requeues
 // what waits for it and stops what runs on it (burstctl.Reclaim, the rules
 // the simulator runs too), and cools its offer down.
-func (s *Server) reclaimLocked(ctx context.Context, r *broker.InstanceRecord, n agentapi.Notice, now time.Time) error {
-	cd, jobs, ok, err := s.burstCtl().Reclaim(ctx, r.ID, now, broker.Reclaim{Kind: n.Kind, Action: n.Action, At: n.ReclaimAt, SeenAt: n.SeenAt})
+func (f *Fleet) reclaimLocked(ctx context.Context, r *broker.InstanceRecord, n agentapi.Notice, now time.Time) error {
+	cd, jobs, ok, err := f.burstCtl().Reclaim(ctx, r.ID, now, broker.Reclaim{Kind: n.Kind, Action: n.Action, At: n.ReclaimAt, SeenAt: n.SeenAt})
 	if err != nil || !ok {
 		return err
 	}
-	s.coolDownLocked(r.Offer, now, cd.Reason)
-	s.log.Warn("burst machine reclaimed by its provider", "record", r.ID, "provider", r.Provider, "at", s.burst.instances[r.ID].Reclaim.At, "jobs", jobs)
-	s.wakeNodeLocked(r.ID)
-	s.kick()
+	f.coolDownLocked(r.Offer, now, cd.Reason)
+	f.log.Warn("burst machine reclaimed by its provider", "record", r.ID, "provider", r.Provider, "at", f.instances[r.ID].Reclaim.At, "jobs", jobs)
+	f.st.WakeNode(r.ID)
+	f.st.Kick()
 	return nil
 }
