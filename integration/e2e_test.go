@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -107,16 +109,27 @@ func TestBrokerKill9(t *testing.T) {
 	mark := filepath.Join(c.dir, "release")
 	long, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 2}, Timeout: broker.Duration(time.Minute),
 		Command: []string{"sh", "-c", "echo started; while [ ! -e " + mark + " ]; do sleep 0.1; done; echo released"}})
+	// The short job runs until the broker is down, then ends.
+	shortPid, shortGo := filepath.Join(c.dir, "short.pid"), filepath.Join(c.dir, "short.go")
 	short, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(time.Minute),
-		Command: []string{"sh", "-c", "sleep 1.5; echo short done"}})
+		Command: []string{"sh", "-c", "echo $$ > " + shortPid + "; while [ ! -e " + shortGo + " ]; do sleep 0.1; done; echo short done"}})
 	queued, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 8}, Timeout: broker.Duration(time.Minute),
 		Command: []string{"true"}})
 	c.waitJob(long.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
 	c.waitJob(short.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
 	before, _ := cl.Job(ctx, long.ID)
+	var pid int
+	waitFor(t, 30*time.Second, "the short job's pid file", func() bool {
+		raw, _ := os.ReadFile(shortPid)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
+		return pid > 0
+	})
 
-	c.broker.kill()             // SIGKILL
-	time.Sleep(2 * time.Second) // the short job ends while the broker is down
+	c.broker.kill() // SIGKILL
+	if err := os.WriteFile(shortGo, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the short job to end while the broker is down", func() bool { return syscall.Kill(pid, 0) != nil })
 	c.startBroker()
 
 	after, err := cl.Job(ctx, long.ID)
