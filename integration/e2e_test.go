@@ -171,15 +171,12 @@ func TestDevServesQuickly(t *testing.T) {
 	t.Logf("healthy after %s", time.Since(t0))
 	tokenLine := regexp.MustCompile(`SPILLWAY_TOKEN=(\S+)`)
 	var token string
-	for i := 0; i < 50 && token == ""; i++ {
+	waitFor(t, 30*time.Second, "dev to print its token", func() bool {
 		if m := tokenLine.FindStringSubmatch(dev.output()); m != nil {
 			token = m[1]
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if token == "" {
-		t.Fatalf("dev printed no token:\n%s", dev.output())
-	}
+		return token != ""
+	})
 	c.viewer = token
 	c.waitNodes(2)
 	out, _, code := c.cli(token, "run", "--gpus", "1", "--time", "5m", "--wait", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES")

@@ -181,7 +181,7 @@ func (h *haCluster) waitLeader(bs []*haBroker, within time.Duration) *haBroker {
 func (h *haCluster) waitDoor(leader *haBroker) {
 	h.t.Helper()
 	door := h.brokers[len(h.brokers)-1]
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if hz, code := health(door); code == http.StatusOK && hz.LeaderURL == leader.url {
 			return
@@ -447,7 +447,7 @@ func TestHAFencingSIGSTOP(t *testing.T) {
 	}
 	// The thawed broker learns it lost and stands by; the new leader
 	// keeps its lease and its token.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		hz, code := health(old)
 		if code == http.StatusOK && !hz.Leader && hz.LeaderURL == next.url {
@@ -550,7 +550,7 @@ func TestHARedisOutage(t *testing.T) {
 	for _, outage := range []string{"a blip", "past the lease"} {
 		lost := strings.Count(b.p.output(), "lost the leader lease")
 		r.p.kill()
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			var hz struct {
 				Status, Error string
