@@ -303,15 +303,27 @@ func TestBurstHostKeySwapped(t *testing.T) {
 
 // burstHostDir sets the fake EC2's AWS credentials and returns a directory
 // for the fake machines' files. At cleanup every process under it is
-// killed: fake machines stop their sshd only, and the agent the bootstrap
-// started in a session of its own would live on.
+// stopped, and gone before the directory is removed: fake machines stop
+// their sshd only, and the agent the bootstrap started in a session of its
+// own would live on.
 func burstHostDir(t *testing.T) string {
 	t.Helper()
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	remote := t.TempDir()
-	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
+	t.Cleanup(func() {
+		_ = exec.Command("pkill", "-f", remote).Run()
+		deadline := time.Now().Add(30 * time.Second)
+		for exec.Command("pgrep", "-f", remote).Run() == nil {
+			if time.Now().After(deadline) {
+				t.Logf("processes under %s outlived SIGTERM by 30s; killing them", remote)
+				_ = exec.Command("pkill", "-KILL", "-f", remote).Run()
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
 	return remote
 }
 

@@ -548,7 +548,11 @@ func TestHARedisOutage(t *testing.T) {
 	before := h.histories(ids)
 
 	for _, outage := range []string{"a blip", "past the lease"} {
-		lost := strings.Count(b.p.output(), "lost the leader lease")
+		said := func() (down, lost int) {
+			out := b.p.output()
+			return strings.Count(out, "store unreachable: no decisions"), strings.Count(out, "lost the leader lease")
+		}
+		down0, lost0 := said()
 		r.p.kill()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
@@ -579,9 +583,11 @@ func TestHARedisOutage(t *testing.T) {
 			t.Fatalf("outage (%s): a submit without a store answered %d", outage, resp.StatusCode)
 		}
 		if outage == "past the lease" {
-			// Redis stays down until the leader has given its lease up.
-			waitFor(t, haTTL+haRenew+30*time.Second, "the leader to step down while its store is down", func() bool {
-				return strings.Count(b.p.output(), "lost the leader lease") > lost
+			// Redis stays down until the broker has said it decides
+			// nothing and has given its lease up.
+			waitFor(t, haTTL+haRenew+30*time.Second, "the leader to stop deciding and step down while its store is down", func() bool {
+				down, lost := said()
+				return down > down0 && lost > lost0
 			})
 		}
 		r.start()
