@@ -81,10 +81,13 @@ while :; do sleep 0.1; done`, bin)
 	if _, err := c.client(tokAdmin).Instance(ctx, machine); err != nil {
 		t.Fatalf("the job runs on %s, not a burst machine: %v", machine, err)
 	}
-	// While the owned job runs, the machine stays.
-	if m, _ := c.client(tokAdmin).Instance(ctx, machine); m.State != broker.MachineReady {
-		t.Fatalf("machine %s is %s while the owned card is taken", machine, m.State)
-	}
+	// While the owned job runs, the machine stays. (The job can report
+	// from the machine's agent a moment before the broker records the
+	// bootstrap done.)
+	waitFor(t, time.Minute, "machine "+machine+" to be ready while the owned card is taken", func() bool {
+		m, err := c.client(tokAdmin).Instance(ctx, machine)
+		return err == nil && m.State == broker.MachineReady
+	})
 
 	// The owned job ends: the card stands idle while the cloud one is paid.
 	release()
