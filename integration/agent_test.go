@@ -39,7 +39,7 @@ func TestLostNodeAndReturn(t *testing.T) {
 		t.Fatalf("node state %s", nodes[0].State)
 	}
 	ag.cmd.Process.Signal(syscall.SIGCONT)
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		got, _ := cl.Job(ctx, j.ID)
 		if got.State == broker.StateRunning && got.Attempt == 2 {
@@ -64,7 +64,7 @@ func TestLostNodeAndReturn(t *testing.T) {
 	for _, ch := range first {
 		pid = pid*10 + int(ch-'0')
 	}
-	deadline = time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/onprem/runtime/ocitest"
 	"github.com/spillway-dev/spillway/providers/fakecloud"
 	"github.com/spillway-dev/spillway/providers/fakecloud/fakecloudtest"
@@ -54,14 +52,7 @@ providers:
 	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
 		t.Fatal("budget set failed")
 	}
-	release := filepath.Join(c.dir, "release")
-	hold, err := c.client(tokAlice).SubmitSpec(context.Background(), broker.Spec{Resources: broker.Resources{GPUs: 1},
-		Timeout: broker.Duration(5 * time.Minute), Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.1; done"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.waitJob(hold.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
-	defer os.WriteFile(release, nil, 0o600)
+	c.holdCard(tokAlice, "hold")
 
 	out, errOut, code := c.cliIn(codeDir(t), tokAlice, "run", "--image", img, "--gpus", "1", "--time", "5m", "--wait", "--",
 		"sh", "-c", "cat input.txt; id -u; cat /proc/1/cgroup | grep -c libpod")

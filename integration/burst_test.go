@@ -28,41 +28,95 @@ import (
 func TestBurstToFakeEC2(t *testing.T) {
 	fakecloudtest.RequireSSHD(t)
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
-	c, _ := burstCluster(t, ec2)
+	c := burstCluster(t, ec2, burstHostDir(t))
 	c.agent("onprem-1", "sim:1xH100-80GB")
 	c.waitNodes(1)
-	ctx := context.Background()
-	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
-		t.Fatal("budget set failed")
-	}
-	release := filepath.Join(c.dir, "release")
-	cl := c.client(tokAlice)
-	hold, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(5 * time.Minute),
-		Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.1; done"}})
-	c.waitJob(hold.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
-	defer os.WriteFile(release, nil, 0o600)
+	c.holdCard(tokAlice, "hold")
 	burstJobTail(t, c, ec2)
 }
 
-// burstCluster is a broker whose one provider is the fake EC2, with fast
-// burst timings and simulated cards for burst agents.
-func burstCluster(t *testing.T, ec2 *fakecloud.EC2) (*cluster, string) {
-	t.Helper()
-	remote := burstHostDir(t)
-	c := newCluster(t, fmt.Sprintf(`billing:
+// burstConfig is the broker config every burst test shares: one-second
+// billing slices and the on-prem H100 rate, fast burst timings, simulated
+// cards for burst agents, and the fake EC2 as the one provider, whose
+// machines keep their files under remote. Options change what tests
+// differ in.
+type burstConfig struct {
+	ec2    *fakecloud.EC2
+	remote string
+	// rate is the on-prem H100 price per GPU-hour.
+	rate string
+	// types are the provider's instance types, one flow mapping each.
+	types []string
+	// dirs is appended to remoteDir and agentDataDir: "/{machine}" gives
+	// each machine directories of its own.
+	dirs string
+	// burst and provider are more lines under burst: and the provider.
+	burst, provider []string
+	// extra is more top-level config.
+	extra string
+}
+
+// burstOption changes a burstConfig.
+type burstOption func(*burstConfig)
+
+// nlpBucket is top-level config letting team nlp stage from s3://spill.
+const nlpBucket = "teams:\n  - {name: nlp, buckets: [\"s3://spill\"]}\n"
+
+// g6xlarge is the one-L4 instance type most burst tests offer.
+const g6xlarge = `{name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805"}`
+
+// withInstanceTypes offers these instance types instead of g6xlarge.
+func withInstanceTypes(types ...string) burstOption {
+	return func(b *burstConfig) { b.types = types }
+}
+
+// withMachineDirs gives each burst machine a remote and a data directory
+// of its own ({machine} in the templates).
+func withMachineDirs() burstOption {
+	return func(b *burstConfig) { b.dirs = "/{machine}" }
+}
+
+// withOnPremRate prices the owned H100s at rate per GPU-hour.
+func withOnPremRate(rate string) burstOption {
+	return func(b *burstConfig) { b.rate = rate }
+}
+
+// withBurst adds lines ("key: value") under burst:.
+func withBurst(lines ...string) burstOption {
+	return func(b *burstConfig) { b.burst = append(b.burst, lines...) }
+}
+
+// withProvider adds lines ("key: value") under the fake EC2 provider.
+func withProvider(lines ...string) burstOption {
+	return func(b *burstConfig) { b.provider = append(b.provider, lines...) }
+}
+
+// withConfig adds top-level config.
+func withConfig(extra string) burstOption {
+	return func(b *burstConfig) { b.extra += extra }
+}
+
+// String is the config text newCluster adds to its own.
+func (b *burstConfig) String() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, `billing:
   slice: 1s
   onprem:
     rates:
-      H100: [{perGPUHour: "2.00"}]
+      H100: [{perGPUHour: "%s"}]
 burst:
   interval: 300ms
   minWait: 2s
   idleTTL: 4s
   reconcileEvery: 2s
   agentGPUs: sim
-  remoteDir: %s/opt
-  agentDataDir: %s/data
-providers:
+  remoteDir: %s/opt%s
+  agentDataDir: %s/data%s
+`, b.rate, b.remote, b.dirs, b.remote, b.dirs)
+	for _, l := range b.burst {
+		s.WriteString("  " + l + "\n")
+	}
+	fmt.Fprintf(&s, `providers:
   - aws:
       name: aws-fake
       region: us-east-1
@@ -70,10 +124,54 @@ providers:
       imageId: ami-0gpu
       sshUser: root
       sshPort: %d
-      instanceTypes:
-        - {name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805"}
-`, remote, remote, ec2.URL, ec2.SSHPort()))
-	return c, remote
+`, b.ec2.URL, b.ec2.SSHPort())
+	for _, l := range b.provider {
+		s.WriteString("      " + l + "\n")
+	}
+	s.WriteString("      instanceTypes:\n")
+	for _, ty := range b.types {
+		s.WriteString("        - " + ty + "\n")
+	}
+	s.WriteString(b.extra)
+	return s.String()
+}
+
+// burstCluster is a broker on the burst config (burstConfig) with the fake
+// EC2 and remote, the fake machines' directory from burstHostDir, and a
+// global budget of 100.
+func burstCluster(t *testing.T, ec2 *fakecloud.EC2, remote string, opts ...burstOption) *cluster {
+	t.Helper()
+	b := &burstConfig{ec2: ec2, remote: remote, rate: "2.00", types: []string{g6xlarge}}
+	for _, o := range opts {
+		o(b)
+	}
+	c := newCluster(t, b.String())
+	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
+		t.Fatal("budget set failed")
+	}
+	return c
+}
+
+// holdCard takes an on-prem card: token's job, named name, holds one GPU
+// until released and never bursts. It runs when holdCard returns. release
+// ends it; it is also called at cleanup.
+func (c *cluster) holdCard(token, name string) (hold *broker.Job, release func()) {
+	c.t.Helper()
+	file := filepath.Join(c.dir, "release-"+name)
+	release = func() {
+		if err := os.WriteFile(file, nil, 0o600); err != nil {
+			c.t.Error(err)
+		}
+	}
+	hold, err := c.client(token).SubmitSpec(context.Background(), broker.Spec{Name: name, Burst: broker.BurstNever,
+		Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(10 * time.Minute),
+		Command: []string{"sh", "-c", "while [ ! -e " + file + " ]; do sleep 0.1; done"}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(release)
+	c.waitJob(hold.ID, 30*time.Second, "running", func(s string) bool { return s == "running" })
+	return hold, release
 }
 
 func burstJobTail(t *testing.T, c *cluster, ec2 *fakecloud.EC2) {
@@ -119,7 +217,7 @@ func burstJobTail(t *testing.T, c *cluster, ec2 *fakecloud.EC2) {
 	if ec2.Calls("TerminateInstances") == 0 {
 		t.Fatal("no TerminateInstances call")
 	}
-	time.Sleep(2500 * time.Millisecond) // the last slices
+	c.waitMachineMetered(id)
 	rep, err := c.client(tokAdmin).Usage(ctx, client.BillingQuery{By: "pool-kind,kind"})
 	if err != nil {
 		t.Fatal(err)
@@ -154,11 +252,9 @@ func burstJobTail(t *testing.T, c *cluster, ec2 *fakecloud.EC2) {
 func TestBurstHostKeySwapped(t *testing.T) {
 	fakecloudtest.RequireSSHD(t)
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 1500 * time.Millisecond})
-	c, remote := burstCluster(t, ec2)
+	remote := burstHostDir(t)
+	c := burstCluster(t, ec2, remote)
 	ctx := context.Background()
-	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
-		t.Fatal("budget set failed")
-	}
 	// No owned cards at all: the job bursts as soon as it has waited.
 	j, err := c.client(tokAlice).SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(time.Minute),
 		Command: []string{"true"}})
@@ -207,15 +303,27 @@ func TestBurstHostKeySwapped(t *testing.T) {
 
 // burstHostDir sets the fake EC2's AWS credentials and returns a directory
 // for the fake machines' files. At cleanup every process under it is
-// killed: fake machines stop their sshd only, and the agent the bootstrap
-// started in a session of its own would live on.
+// stopped, and gone before the directory is removed: fake machines stop
+// their sshd only, and the agent the bootstrap started in a session of its
+// own would live on.
 func burstHostDir(t *testing.T) string {
 	t.Helper()
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFAKE")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	remote := t.TempDir()
-	t.Cleanup(func() { _ = exec.Command("pkill", "-f", remote).Run() })
+	t.Cleanup(func() {
+		_ = exec.Command("pkill", "-f", remote).Run()
+		deadline := time.Now().Add(30 * time.Second)
+		for exec.Command("pgrep", "-f", remote).Run() == nil {
+			if time.Now().After(deadline) {
+				t.Logf("processes under %s outlived SIGTERM by 30s; killing them", remote)
+				_ = exec.Command("pkill", "-KILL", "-f", remote).Run()
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
 	return remote
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,8 +78,23 @@ func TestDashboardInBrowser(t *testing.T) {
 	if reason == nil {
 		t.Fatal("the waiting job got no pending reason")
 	}
-	// Let a telemetry sample or two arrive for the heatmap.
-	time.Sleep(1500 * time.Millisecond)
+	// The heatmap shows the running job's cards at its utilisation once a
+	// telemetry sample of them has arrived.
+	waitFor(t, 30*time.Second, "a telemetry sample of the running job's cards", func() bool {
+		nodes, err := c.client(tokAdmin).Nodes(ctx)
+		if err != nil {
+			return false
+		}
+		sampled := 0
+		for _, n := range nodes {
+			for _, card := range n.Cards {
+				if slices.Contains(card.Jobs, run.ID) && card.Telemetry != nil && card.Telemetry.SMUtil > 0 {
+					sampled++
+				}
+			}
+		}
+		return sampled == 3
+	})
 
 	artifacts, err := filepath.Abs("artifacts")
 	if err != nil {

@@ -44,33 +44,7 @@ func TestCheckpointFollowsThePreemptedJobToTheCloud(t *testing.T) {
 	creds := s3Credentials(t, remote)
 	data := fmt.Sprintf(`{s3: {endpoint: "%s", region: us-east-1, pathStyle: true, credentialsFile: "%s"}, cacheBytes: 104857600, retry: {backoff: 100000000, maxBackoff: 1000000000}}`,
 		s3srv.Endpoint, creds)
-	c := newCluster(t, fmt.Sprintf(`teams:
-  - {name: nlp, buckets: ["s3://spill"]}
-billing:
-  slice: 1s
-  onprem:
-    rates:
-      H100: [{perGPUHour: "2.00"}]
-burst:
-  interval: 300ms
-  minWait: 2s
-  idleTTL: 4s
-  reconcileEvery: 2s
-  agentGPUs: sim
-  remoteDir: %s/opt
-  agentDataDir: %s/data
-  agentData: %s
-providers:
-  - aws:
-      name: aws-fake
-      region: us-east-1
-      endpoint: %s
-      imageId: ami-0gpu
-      sshUser: root
-      sshPort: %d
-      instanceTypes:
-        - {name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805"}
-`, remote, remote, data, ec2.URL, ec2.SSHPort()))
+	c := burstCluster(t, ec2, remote, withConfig(nlpBucket), withBurst("agentData: "+data))
 	agentCfg := filepath.Join(c.dir, "agent.yaml")
 	if err := os.WriteFile(agentCfg, []byte("data: "+data+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -78,9 +52,6 @@ providers:
 	start(t, "agent onprem-1", "agent", "--config", agentCfg, "--broker", c.url, "--token", tokAgent, "--name", "onprem-1",
 		"--gpus", "sim:1xH100-80GB,seed="+filepath.Base(c.dir), "--data-dir", filepath.Join(c.dir, "agent-onprem-1"))
 	c.waitNodes(1)
-	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
-		t.Fatal("budget set failed")
-	}
 
 	script := fmt.Sprintf(`set -e
 if [ "$SPILLWAY_RESUME" = 1 ]; then

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -107,16 +109,27 @@ func TestBrokerKill9(t *testing.T) {
 	mark := filepath.Join(c.dir, "release")
 	long, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 2}, Timeout: broker.Duration(time.Minute),
 		Command: []string{"sh", "-c", "echo started; while [ ! -e " + mark + " ]; do sleep 0.1; done; echo released"}})
+	// The short job runs until the broker is down, then ends.
+	shortPid, shortGo := filepath.Join(c.dir, "short.pid"), filepath.Join(c.dir, "short.go")
 	short, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(time.Minute),
-		Command: []string{"sh", "-c", "sleep 1.5; echo short done"}})
+		Command: []string{"sh", "-c", "echo $$ > " + shortPid + "; while [ ! -e " + shortGo + " ]; do sleep 0.1; done; echo short done"}})
 	queued, _ := cl.SubmitSpec(ctx, broker.Spec{Resources: broker.Resources{GPUs: 8}, Timeout: broker.Duration(time.Minute),
 		Command: []string{"true"}})
 	c.waitJob(long.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
 	c.waitJob(short.ID, 10*time.Second, "running", func(s string) bool { return s == "running" })
 	before, _ := cl.Job(ctx, long.ID)
+	var pid int
+	waitFor(t, 30*time.Second, "the short job's pid file", func() bool {
+		raw, _ := os.ReadFile(shortPid)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
+		return pid > 0
+	})
 
-	c.broker.kill()             // SIGKILL
-	time.Sleep(2 * time.Second) // the short job ends while the broker is down
+	c.broker.kill() // SIGKILL
+	if err := os.WriteFile(shortGo, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the short job to end while the broker is down", func() bool { return syscall.Kill(pid, 0) != nil })
 	c.startBroker()
 
 	after, err := cl.Job(ctx, long.ID)
@@ -158,15 +171,12 @@ func TestDevServesQuickly(t *testing.T) {
 	t.Logf("healthy after %s", time.Since(t0))
 	tokenLine := regexp.MustCompile(`SPILLWAY_TOKEN=(\S+)`)
 	var token string
-	for i := 0; i < 50 && token == ""; i++ {
+	waitFor(t, 30*time.Second, "dev to print its token", func() bool {
 		if m := tokenLine.FindStringSubmatch(dev.output()); m != nil {
 			token = m[1]
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if token == "" {
-		t.Fatalf("dev printed no token:\n%s", dev.output())
-	}
+		return token != ""
+	})
 	c.viewer = token
 	c.waitNodes(2)
 	out, _, code := c.cli(token, "run", "--gpus", "1", "--time", "5m", "--wait", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES")

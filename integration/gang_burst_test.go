@@ -2,9 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -22,46 +19,13 @@ import (
 // it), and fast burst timings.
 func gangBurstCluster(t *testing.T, ec2 *fakecloud.EC2) *cluster {
 	t.Helper()
-	remote := burstHostDir(t)
-	c := newCluster(t, fmt.Sprintf(`billing:
-  slice: 1s
-  onprem:
-    rates:
-      H100: [{perGPUHour: "2.00"}]
-burst:
-  interval: 300ms
-  minWait: 2s
-  idleTTL: 4s
-  reconcileEvery: 2s
-  agentGPUs: sim
-  remoteDir: %s/opt/{machine}
-  agentDataDir: %s/data/{machine}
-providers:
-  - aws:
-      name: aws-fake
-      region: us-east-1
-      endpoint: %s
-      imageId: ami-0gpu
-      sshUser: root
-      sshPort: %d
-      instanceTypes:
-        - {name: g6.12xlarge, gpuModel: L4, gpus: 2, gpuMemoryGiB: 24, cpus: 8, memoryGiB: 32, onDemandPrice: "4.60"}
-        - {name: g6e.12xlarge, gpuModel: L40S, gpus: 2, gpuMemoryGiB: 48, cpus: 8, memoryGiB: 64, onDemandPrice: "10.49"}
-`, remote, remote, ec2.URL, ec2.SSHPort()))
+	c := burstCluster(t, ec2, burstHostDir(t), withMachineDirs(), withInstanceTypes(
+		`{name: g6.12xlarge, gpuModel: L4, gpus: 2, gpuMemoryGiB: 24, cpus: 8, memoryGiB: 32, onDemandPrice: "4.60"}`,
+		`{name: g6e.12xlarge, gpuModel: L40S, gpus: 2, gpuMemoryGiB: 48, cpus: 8, memoryGiB: 64, onDemandPrice: "10.49"}`))
 	c.agent("onprem-1", "sim:1xH100-80GB")
 	c.waitNodes(1)
-	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
-		t.Fatal("budget set failed")
-	}
 	// The on-prem card is taken: allocation is at the burst threshold.
-	release := filepath.Join(c.dir, "release")
-	hold, err := c.client(tokAlice).SubmitSpec(context.Background(), broker.Spec{Resources: broker.Resources{GPUs: 1},
-		Timeout: broker.Duration(10 * time.Minute), Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.1; done"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.waitJob(hold.ID, 30*time.Second, "running", func(s string) bool { return s == "running" })
-	t.Cleanup(func() { _ = os.WriteFile(release, nil, 0o600) })
+	c.holdCard(tokAlice, "hold")
 	return c
 }
 

@@ -181,7 +181,7 @@ func (h *haCluster) waitLeader(bs []*haBroker, within time.Duration) *haBroker {
 func (h *haCluster) waitDoor(leader *haBroker) {
 	h.t.Helper()
 	door := h.brokers[len(h.brokers)-1]
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if hz, code := health(door); code == http.StatusOK && hz.LeaderURL == leader.url {
 			return
@@ -316,15 +316,15 @@ func (h *haCluster) waitEnded(id string) {
 	h.t.Fatalf("job %s did not end within 20s", id)
 }
 
-// finish releases the jobs, waits for them, gives the meter its final
-// slices and stops the brokers cleanly.
+// finish releases the jobs, waits for them and for the meter's final
+// slices, and stops the brokers cleanly.
 func (h *haCluster) finish(ids []string) {
 	h.t.Helper()
 	os.WriteFile(h.release, nil, 0o600)
 	for _, id := range ids {
 		h.waitEnded(id)
 	}
-	time.Sleep(2500 * time.Millisecond)
+	h.waitJobsMetered(ids...)
 	for _, b := range h.brokers {
 		select {
 		case <-b.p.done:
@@ -436,7 +436,9 @@ func TestHAFencingSIGSTOP(t *testing.T) {
 	// long poll was parked on the frozen broker hear nothing until it
 	// thaws (or their request times out); then they move to the new one.
 	ids = append(ids, h.submit(cl), h.submit(cl))
-	time.Sleep(time.Second)
+	for _, id := range ids[4:] {
+		h.waitJob(id, 15*time.Second, "placed by the new leader while the old one is frozen", func(s string) bool { return s != "pending" })
+	}
 	if err := old.p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +447,7 @@ func TestHAFencingSIGSTOP(t *testing.T) {
 	}
 	// The thawed broker learns it lost and stands by; the new leader
 	// keeps its lease and its token.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		hz, code := health(old)
 		if code == http.StatusOK && !hz.Leader && hz.LeaderURL == next.url {
@@ -529,10 +531,11 @@ func (r *privateRedis) start() {
 
 // TestHARedisOutage: Redis crashes (SIGKILL) under a leader with running
 // jobs, once restarted at once (a blip: the lease may survive it) and once
-// after twice the lease (the leader steps down, then wins again). Meanwhile the
-// broker decides nothing, says so on /healthz (503 with the reason) and
-// refuses writes; the agents' jobs keep running and no node is lost. When
-// Redis is back (from its AOF) the broker leads again and carries on.
+// after the leader has stepped down, its lease run out (it wins again).
+// Meanwhile the broker decides nothing, says so on /healthz (503 with the
+// reason) and refuses writes; the agents' jobs keep running and no node is
+// lost. When Redis is back (from its AOF) the broker leads again and
+// carries on.
 func TestHARedisOutage(t *testing.T) {
 	r := startPrivateRedis(t)
 	h := newHAClusterOn(t, r.addr, 1)
@@ -544,9 +547,14 @@ func TestHARedisOutage(t *testing.T) {
 	h.waitJob(ids[0], 15*time.Second, "running", func(s string) bool { return s == "running" })
 	before := h.histories(ids)
 
-	for _, outage := range []time.Duration{0, 2 * haTTL} {
+	for _, outage := range []string{"a blip", "past the lease"} {
+		said := func() (down, lost int) {
+			out := b.p.output()
+			return strings.Count(out, "store unreachable: no decisions"), strings.Count(out, "lost the leader lease")
+		}
+		down0, lost0 := said()
 		r.p.kill()
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			var hz struct {
 				Status, Error string
@@ -560,7 +568,7 @@ func TestHARedisOutage(t *testing.T) {
 				}
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("outage %s: /healthz never said the store is unreachable (%v)", outage, err)
+				t.Fatalf("outage (%s): /healthz never said the store is unreachable (%v)", outage, err)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -572,16 +580,23 @@ func TestHARedisOutage(t *testing.T) {
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
-			t.Fatalf("outage %s: a submit without a store answered %d", outage, resp.StatusCode)
+			t.Fatalf("outage (%s): a submit without a store answered %d", outage, resp.StatusCode)
 		}
-		time.Sleep(outage)
+		if outage == "past the lease" {
+			// Redis stays down until the broker has said it decides
+			// nothing and has given its lease up.
+			waitFor(t, haTTL+haRenew+30*time.Second, "the leader to stop deciding and step down while its store is down", func() bool {
+				down, lost := said()
+				return down > down0 && lost > lost0
+			})
+		}
 		r.start()
 		h.waitLeader(h.brokers, haTTL+haRenew+5*time.Second)
 		// A new job is accepted and starts once the broker leads again.
 		ids = append(ids, h.submit(cl))
 		h.waitJob(ids[len(ids)-1], 15*time.Second, "running", func(s string) bool { return s == "running" })
 		if j, err := h.client(tokAdmin).Job(context.Background(), ids[0]); err != nil || j.State != broker.StateRunning {
-			t.Fatalf("outage %s: the job running before it is %v (%v)", outage, j, err)
+			t.Fatalf("outage (%s): the job running before it is %v (%v)", outage, j, err)
 		}
 	}
 	out := b.p.output()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -312,3 +313,76 @@ func lines(s string) []string {
 }
 
 var _ = io.Discard
+
+// ledgerRow is one ledger entry of the JSON export (the columns we read).
+type ledgerRow struct {
+	Job      *string `json:"x_Job"`
+	Node     *string `json:"x_Node"`
+	Instance *string `json:"x_InstanceId"`
+	Kind     string  `json:"x_Kind"`
+	Start    string  `json:"ChargePeriodStart"`
+	End      string  `json:"ChargePeriodEnd"`
+}
+
+// ledger reads every ledger entry through the export API.
+func (c *cluster) ledger() []ledgerRow {
+	c.t.Helper()
+	var buf bytes.Buffer
+	if err := c.client(tokAdmin).Export(context.Background(), client.BillingQuery{Format: "json", Granularity: "entry"}, &buf); err != nil {
+		c.t.Fatal(err)
+	}
+	var rows []ledgerRow
+	if err := json.Unmarshal(buf.Bytes(), &rows); err != nil {
+		c.t.Fatalf("export: %v\n%s", err, buf.String())
+	}
+	return rows
+}
+
+// waitLedgerThrough waits until the ledger holds an entry that match
+// accepts ending at or after end. The meter writes the last, partial slice
+// of an allocation or a machine at its first cycle after it ended.
+func (c *cluster) waitLedgerThrough(what string, end time.Time, match func(ledgerRow) bool) {
+	c.t.Helper()
+	end = end.UTC().Truncate(time.Millisecond)
+	waitFor(c.t, time.Minute, "the ledger to hold "+what+" through "+end.Format(time.RFC3339Nano), func() bool {
+		for _, r := range c.ledger() {
+			if e, err := time.Parse(time.RFC3339Nano, r.End); err == nil && match(r) && !e.Before(end) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// waitMachineMetered waits until the ledger holds burst machine id, which
+// has ended, through its end.
+func (c *cluster) waitMachineMetered(id string) {
+	c.t.Helper()
+	m, err := c.client(tokAdmin).Instance(context.Background(), id)
+	if err != nil || m.TerminatedAt == nil {
+		c.t.Fatalf("machine %s has not ended: %+v %v", id, m, err)
+	}
+	c.waitLedgerThrough("machine "+id, *m.TerminatedAt, func(r ledgerRow) bool { return r.Instance != nil && *r.Instance == id })
+}
+
+// waitJobsMetered waits until the ledger holds each job, which has given
+// its GPUs back, through the moment it did.
+func (c *cluster) waitJobsMetered(ids ...string) {
+	c.t.Helper()
+	for _, id := range ids {
+		j, err := c.client(tokAdmin).Job(context.Background(), id)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		var gave time.Time
+		for _, tr := range j.History {
+			if tr.From.Holding() && !tr.To.Holding() {
+				gave = tr.At
+			}
+		}
+		if gave.IsZero() || j.State.Holding() {
+			c.t.Fatalf("job %s (%s) has not given its GPUs back", id, j.State)
+		}
+		c.waitLedgerThrough("job "+id, gave, func(r ledgerRow) bool { return r.Job != nil && *r.Job == id })
+	}
+}

@@ -111,6 +111,8 @@ func TestFlood(t *testing.T) {
 				}
 				submits = append(submits, time.Since(t0))
 			}
+			// Kept: a person's pace between requests. The checks count
+			// what bob got answered, not how many requests fit the flood.
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()

@@ -35,38 +35,9 @@ func TestSpillBackEndToEnd(t *testing.T) {
 		s3srv.Endpoint, creds)
 	// The owned H100 costs 0.50 an hour, the burst machine 9.00: an hour
 	// left on the machine is worth moving.
-	c := newCluster(t, fmt.Sprintf(`teams:
-  - {name: nlp, buckets: ["s3://spill"]}
-billing:
-  slice: 1s
-  onprem:
-    rates:
-      H100: [{perGPUHour: "0.50"}]
-burst:
-  interval: 300ms
-  minWait: 2s
-  idleTTL: 4s
-  reconcileEvery: 2s
-  agentGPUs: sim
-  remoteDir: %s/opt/{machine}
-  agentDataDir: %s/data/{machine}
-  agentData: %s
-  spillBack:
-    enabled: true
-    margin: 0.5
-    minInterval: 1h
-    staging: 10s
-providers:
-  - aws:
-      name: aws-fake
-      region: us-east-1
-      endpoint: %s
-      imageId: ami-0gpu
-      sshUser: root
-      sshPort: %d
-      instanceTypes:
-        - {name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "9.00"}
-`, remote, remote, data, ec2.URL, ec2.SSHPort()))
+	c := burstCluster(t, ec2, remote, withMachineDirs(), withConfig(nlpBucket), withOnPremRate("0.50"),
+		withBurst("agentData: "+data, "spillBack: {enabled: true, margin: 0.5, minInterval: 1h, staging: 10s}"),
+		withInstanceTypes(`{name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "9.00"}`))
 	agentCfg := filepath.Join(c.dir, "agent.yaml")
 	if err := os.WriteFile(agentCfg, []byte("data: "+data+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -74,21 +45,10 @@ providers:
 	start(t, "agent onprem-1", "agent", "--config", agentCfg, "--broker", c.url, "--token", tokAgent, "--name", "onprem-1",
 		"--gpus", "sim:1xH100-80GB,seed="+filepath.Base(c.dir), "--data-dir", filepath.Join(c.dir, "agent-onprem-1"))
 	c.waitNodes(1)
-	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
-		t.Fatal("budget set failed")
-	}
 	ctx := context.Background()
 
 	// The owned card is taken.
-	release := filepath.Join(c.dir, "release")
-	defer os.WriteFile(release, nil, 0o600)
-	hold, err := c.client(tokBob).SubmitSpec(ctx, broker.Spec{Name: "owned", Burst: broker.BurstNever,
-		Resources: broker.Resources{GPUs: 1}, Timeout: broker.Duration(10 * time.Minute),
-		Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.1; done"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.waitJob(hold.ID, 30*time.Second, "running", func(s string) bool { return s == "running" })
+	hold, release := c.holdCard(tokBob, "owned")
 
 	script := fmt.Sprintf(`set -e
 if [ "$SPILLWAY_RESUME" = 1 ]; then
@@ -121,15 +81,16 @@ while :; do sleep 0.1; done`, bin)
 	if _, err := c.client(tokAdmin).Instance(ctx, machine); err != nil {
 		t.Fatalf("the job runs on %s, not a burst machine: %v", machine, err)
 	}
-	// While the owned job runs, the machine stays.
-	if m, _ := c.client(tokAdmin).Instance(ctx, machine); m.State != broker.MachineReady {
-		t.Fatalf("machine %s is %s while the owned card is taken", machine, m.State)
-	}
+	// While the owned job runs, the machine stays. (The job can report
+	// from the machine's agent a moment before the broker records the
+	// bootstrap done.)
+	waitFor(t, time.Minute, "machine "+machine+" to be ready while the owned card is taken", func() bool {
+		m, err := c.client(tokAdmin).Instance(ctx, machine)
+		return err == nil && m.State == broker.MachineReady
+	})
 
 	// The owned job ends: the card stands idle while the cloud one is paid.
-	if err := os.WriteFile(release, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	c.waitJob(hold.ID, 30*time.Second, "succeeded", func(s string) bool { return s == "succeeded" })
 	c.waitJob(j.ID, 3*time.Minute, "succeeded at home", func(s string) bool { return s == "succeeded" })
 

@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +22,6 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/api"
-	"github.com/spillway-dev/spillway/broker/client"
 	"github.com/spillway-dev/spillway/onprem/agent/imdsmock"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/staging/s3server"
@@ -75,37 +73,9 @@ func newSpotRig(t *testing.T, s3srv *s3server.Server, s3Endpoint string) *spotRi
 			conn.Close()
 		}
 	}()
-	c := newCluster(t, fmt.Sprintf(`teams:
-  - {name: nlp, buckets: ["s3://spill"]}
-billing:
-  slice: 1s
-  onprem:
-    rates:
-      H100: [{perGPUHour: "2.00"}]
-burst:
-  interval: 300ms
-  minWait: 2s
-  idleTTL: 4s
-  reconcileEvery: 2s
-  agentGPUs: sim
-  remoteDir: %s/opt/{machine}
-  agentDataDir: %s/data/{machine}
-  agentData: %s
-providers:
-  - aws:
-      name: aws-fake
-      region: us-east-1
-      endpoint: %s
-      imageId: ami-0gpu
-      sshUser: root
-      sshPort: %d
-      metadataEndpoint: http://%s
-      instanceTypes:
-        - {name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805", spotPrice: "0.30"}
-`, remote, remote, data, ec2.URL, ec2.SSHPort(), r.mdAddr))
-	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
-		t.Fatal("budget set failed")
-	}
+	c := burstCluster(t, ec2, remote, withMachineDirs(), withConfig(nlpBucket), withBurst("agentData: "+data),
+		withProvider("metadataEndpoint: http://"+r.mdAddr), withInstanceTypes(
+			`{name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805", spotPrice: "0.30"}`))
 	r.c = c
 	return r
 }
@@ -242,15 +212,6 @@ func reclaimedThenResumed(t *testing.T, j *broker.Job, first, lost string) strin
 	return j.Placements[0].Node
 }
 
-// ledgerRow is one ledger entry of the JSON export (the columns we read).
-type ledgerRow struct {
-	Job   *string `json:"x_Job"`
-	Node  *string `json:"x_Node"`
-	Kind  string  `json:"x_Kind"`
-	Start string  `json:"ChargePeriodStart"`
-	End   string  `json:"ChargePeriodEnd"`
-}
-
 // noOverlap checks the ledger: the job's lines on the reclaimed machine
 // all end before its first line on the next one, and nothing is charged
 // on the reclaimed machine after the reclaim time.
@@ -259,14 +220,7 @@ func noOverlap(t *testing.T, c *cluster, job, first, second string, reclaimAt ti
 	var firstEnd, secondStart time.Time
 	var rows []ledgerRow
 	waitFor(t, time.Minute, "the ledger to hold the job's lines on both machines", func() bool {
-		var buf bytes.Buffer
-		if err := c.client(tokAdmin).Export(context.Background(), client.BillingQuery{Format: "json", Granularity: "entry"}, &buf); err != nil {
-			t.Fatal(err)
-		}
-		rows = nil
-		if err := json.Unmarshal(buf.Bytes(), &rows); err != nil {
-			t.Fatalf("export: %v\n%s", err, buf.String())
-		}
+		rows = c.ledger()
 		firstEnd, secondStart = time.Time{}, time.Time{}
 		for _, r := range rows {
 			if r.Job == nil || *r.Job != job || r.Node == nil {

@@ -85,7 +85,8 @@ func (f *fakeBroker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if req.Wait > 0 && len(f.pending) == 0 && len(f.stops) == 0 && len(resp.Ack) == 0 {
 			// A long poll, as the broker does it: reports are recorded
 			// first, then a quiet answer is held a little so the agent
-			// does not spin.
+			// does not spin. The hold stands for the broker's wait; no
+			// test orders anything by it (tests wait on the reports).
 			f.mu.Unlock()
 			time.Sleep(min(req.Wait, 50*time.Millisecond))
 			f.mu.Lock()
@@ -207,7 +208,7 @@ func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 func TestJobEnvironmentAndLog(t *testing.T) {
 	r := newRig(t)
 	r.assign("env", 1, time.Minute, "sh", "-c", `echo "$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $SPILLWAY_JOB_ID"; pwd; exit 3`)
-	rep := r.waitEnded("env", 5*time.Second)
+	rep := r.waitEnded("env", 30*time.Second)
 	if rep.ExitCode != 3 || rep.Signal != "" {
 		t.Fatalf("report %+v", rep)
 	}
@@ -223,7 +224,7 @@ func TestJobEnvironmentAndLog(t *testing.T) {
 func TestFailedToStart(t *testing.T) {
 	r := newRig(t)
 	r.assign("nope", 0, time.Minute, "/no/such/program")
-	rep := r.waitEnded("nope", 5*time.Second)
+	rep := r.waitEnded("nope", 30*time.Second)
 	if rep.State != agentapi.RunFailedToStart || rep.ExitCode != 127 || rep.Message == "" {
 		t.Fatalf("report %+v", rep)
 	}
@@ -237,7 +238,7 @@ func TestLeakedGrandchildIsKilled(t *testing.T) {
 	r := newRig(t)
 	pidFile := filepath.Join(sharedDir(t), "grandchild.pid")
 	r.assign("leaky", 0, time.Minute, "sh", "-c",
-		fmt.Sprintf(`setsid sh -c 'echo $$ > %s; exec sleep 300' & sleep 0.3; exit 0`, pidFile))
+		fmt.Sprintf(`setsid sh -c 'echo $$ > %[1]s; exec sleep 300' & while [ ! -s %[1]s ]; do sleep 0.05; done; exit 0`, pidFile))
 	rep := r.waitEnded("leaky", 30*time.Second)
 	if rep.ExitCode != 0 {
 		t.Fatalf("report %+v", rep)
@@ -248,18 +249,25 @@ func TestLeakedGrandchildIsKilled(t *testing.T) {
 	}
 	var pid int
 	fmt.Sscan(string(raw), &pid)
-	deadline := time.Now().Add(3 * time.Second)
-	for alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if alive(pid) {
-		syscall.Kill(pid, syscall.SIGKILL)
-		t.Fatalf("grandchild %d still alive after the job ended", pid)
-	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	waitFor(t, fmt.Sprintf("the agent to kill grandchild %d after the job ended", pid), func() bool { return !alive(pid) })
 	if h := holders(t, r.sim, r.sim.UUIDs()[0]); len(h) != 0 {
 		t.Fatalf("card still held by %+v", h)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The leak is reported; two syncs after that carry no second report
+	// and no unhealthy card.
+	var seen int
+	waitFor(t, "the leak report", func() bool {
+		r.fb.mu.Lock()
+		defer r.fb.mu.Unlock()
+		seen = r.fb.syncs
+		return len(r.fb.leaks) > 0
+	})
+	waitFor(t, "two syncs after the leak report", func() bool {
+		r.fb.mu.Lock()
+		defer r.fb.mu.Unlock()
+		return r.fb.syncs >= seen+2
+	})
 	r.fb.mu.Lock()
 	leaks, unhealthy := r.fb.leaks, r.fb.unheal
 	r.fb.mu.Unlock()
@@ -283,23 +291,27 @@ func TestUncleanCardLeavesPool(t *testing.T) {
 	r.assign("neighbour", 1, time.Minute, "sleep", "300")
 	r.assign("sharer", 1, time.Minute, "sh", "-c", "sleep 0.3")
 	r.waitEnded("sharer", 30*time.Second)
-	r.assign("stuck", 0, time.Minute, "sh", "-c", "sleep 0.5")
-	time.Sleep(100 * time.Millisecond)
+	// The card's memory sticks while "stuck" runs; then the job ends.
+	release := filepath.Join(sharedDir(t), "release")
+	r.assign("stuck", 0, time.Minute, "sh", "-c", fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done", release))
+	waitFor(t, "job stuck to run", func() bool {
+		rep, ok := r.fb.report("stuck")
+		return ok && rep.State == agentapi.RunRunning
+	})
 	if err := r.sim.SetStuckMemory(0, 4<<30); err != nil {
 		t.Fatal(err)
 	}
-	r.waitEnded("stuck", 30*time.Second)
-	deadline := time.Now().Add(3 * time.Second)
-	var unhealthy map[int]string
-	for time.Now().Before(deadline) {
-		r.fb.mu.Lock()
-		unhealthy = r.fb.unheal
-		r.fb.mu.Unlock()
-		if unhealthy[0] != "" {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
+	r.waitEnded("stuck", 30*time.Second)
+	var unhealthy map[int]string
+	waitFor(t, "card 0 to leave the pool", func() bool {
+		r.fb.mu.Lock()
+		defer r.fb.mu.Unlock()
+		unhealthy = r.fb.unheal
+		return unhealthy[0] != ""
+	})
 	if !strings.Contains(unhealthy[0], "held by no process") {
 		t.Fatalf("card 0 not taken out of the pool: %v", unhealthy)
 	}
@@ -315,30 +327,21 @@ func TestTimeoutWithoutBroker(t *testing.T) {
 	r := newRig(t)
 	marker := filepath.Join(sharedDir(t), "term")
 	r.assign("slow", 0, 700*time.Millisecond, "sh", "-c", fmt.Sprintf(`trap 'echo got-term > %s; exit 143' TERM; while true; do sleep 0.05; done`, marker))
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		if rep, ok := r.fb.report("slow"); ok && rep.State == agentapi.RunRunning {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, "job slow to run", func() bool {
+		rep, ok := r.fb.report("slow")
+		return ok && rep.State == agentapi.RunRunning
+	})
 	r.fb.mu.Lock()
 	r.fb.down = true
 	r.fb.mu.Unlock()
-	deadline = time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, err := os.Stat(marker); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if _, err := os.Stat(marker); err != nil {
-		t.Fatalf("the job did not get its signal at its timeout while the broker was down: %v", err)
-	}
+	waitFor(t, "the job's signal at its timeout while the broker is down", func() bool {
+		_, err := os.Stat(marker)
+		return err == nil
+	})
 	r.fb.mu.Lock()
 	r.fb.down = false
 	r.fb.mu.Unlock()
-	rep := r.waitEnded("slow", 5*time.Second)
+	rep := r.waitEnded("slow", 30*time.Second)
 	if rep.Reason != "timed_out" || rep.ExitCode != 143 {
 		t.Fatalf("report %+v", rep)
 	}
@@ -351,26 +354,21 @@ func TestCriticalXIDMarksCardUnhealthy(t *testing.T) {
 	if err := r.sim.InjectXID(1, 13); err != nil { // graphics engine exception: the app's fault
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
-	r.fb.mu.Lock()
-	if len(r.fb.unheal) != 0 {
-		t.Fatalf("XID 13 made a card unhealthy: %v", r.fb.unheal)
-	}
-	r.fb.mu.Unlock()
 	if err := r.sim.InjectXID(0, 79); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
+	// The agent reads events in the order they came: once the XID 79
+	// has taken card 0 out, it has read the XID 13 as well.
+	var unhealthy map[int]string
+	waitFor(t, "XID 79 to mark card 0 unhealthy", func() bool {
 		r.fb.mu.Lock()
-		why := r.fb.unheal[0]
-		r.fb.mu.Unlock()
-		if strings.Contains(why, "XID 79") {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+		defer r.fb.mu.Unlock()
+		unhealthy = r.fb.unheal
+		return strings.Contains(unhealthy[0], "XID 79")
+	})
+	if why, bad := unhealthy[1]; bad {
+		t.Fatalf("XID 13 made card 1 unhealthy: %s", why)
 	}
-	t.Fatal("XID 79 did not mark card 0 unhealthy")
 }
 
 // TestRestartKillsLeftovers: an agent process that died left a job
