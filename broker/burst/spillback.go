@@ -143,18 +143,12 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 	// now), so the saving is its price over the time cut, less the moved
 	// GPU-time at the owned rate; the cost is the moved jobs' grace,
 	// staging and lost work at the machine's rate per GPU-hour.
-	type option struct {
-		jobs         []Running
-		remaining    []time.Duration
-		lost         []time.Duration
-		saving, cost billing.Amount
-		whole        bool
-	}
 	type cand struct {
 		m    *Machine
 		opts []option // each beats the margin, best net saving first
 	}
 	var cands []cand
+	groupSeen := map[string]bool{}
 	for i := range in.Machines {
 		m := &in.Machines[i]
 		jobs := byMachine[m.ID]
@@ -162,7 +156,16 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 			continue
 		}
 		if m.Group != "" {
-			stays[m.ID] = "it runs a gang across its group " + m.Group + ", which moves home only by ending"
+			if o, id, rule, why, ok := gangOption(in, m, byMachine, stopping, groupSeen); ok {
+				if o.saving <= o.cost+billing.Amount(float64(o.cost)*sp.Margin) {
+					stay(id, StaySaving, fmt.Sprintf("expected saving %s %s does not beat the move's cost %s × (1 + margin %g)",
+						Money(o.saving), in.Currency, Money(o.cost), sp.Margin))
+					continue
+				}
+				cands = append(cands, cand{m: m, opts: []option{o}})
+			} else if rule != "" {
+				stay(id, rule, why)
+			}
 			continue
 		}
 		if len(jobs) != len(m.Jobs) {
@@ -267,18 +270,32 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 	for _, c := range cands {
 		moved := false
 		for _, o := range c.opts {
-			placed, ok := placeHome(free, o.jobs)
+			var placed []int
+			ok := false
+			if o.nodes > 1 {
+				placed, ok = placeGang(free, o.jobs[0], o.nodes)
+			} else {
+				placed, ok = placeHome(free, o.jobs)
+			}
 			if !ok {
 				continue
 			}
 			sb := SpillBack{Machine: c.m.ID, Saving: o.saving, Cost: o.cost, Whole: o.whole}
-			for i, r := range o.jobs {
-				n := &free[placed[i]]
-				n.Free -= r.GPUs
-				sb.Jobs = append(sb.Jobs, SpillJob{Job: r.ID, Node: n.Name, GPUs: r.GPUs, Remaining: o.remaining[i], LostWork: o.lost[i]})
+			for i, at := range placed {
+				r, k := o.jobs[0], 0
+				if o.nodes <= 1 {
+					r, k = o.jobs[i], i
+				}
+				g := r.GPUs / max(1, o.nodes)
+				n := &free[at]
+				n.Free -= g
+				sb.Jobs = append(sb.Jobs, SpillJob{Job: r.ID, Node: n.Name, GPUs: g, Remaining: o.remaining[k], LostWork: o.lost[k]})
 			}
 			sb.Detail = fmt.Sprintf("moving home: expected saving %s %s, move cost %s %s", Money(o.saving), in.Currency, Money(o.cost), in.Currency)
-			if !o.whole {
+			switch {
+			case o.nodes > 1:
+				sb.Detail += fmt.Sprintf(" (gang across group %s, %d nodes)", c.m.Group, o.nodes)
+			case !o.whole:
 				sb.Detail += fmt.Sprintf(" (%d of the machine's %d jobs)", len(o.jobs), len(c.m.Jobs))
 			}
 			out = append(out, sb)
@@ -293,6 +310,89 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 		delete(rules, c.m.ID)
 	}
 	return out, stays, rules
+}
+
+// option is one way to move a machine's jobs home: the jobs, their time
+// left and work lost, the expected saving and the move's cost; whole when
+// the machine (or, for a gang, Nodes > 1, its whole group) ends.
+type option struct {
+	jobs         []Running
+	remaining    []time.Duration
+	lost         []time.Duration
+	saving, cost billing.Amount
+	whole        bool
+	nodes        int // a gang's members, one per owned node (0: single jobs)
+}
+
+// gangOption weighs moving the gang that runs on machine m's group home,
+// once per group (seen): every machine of the group must be ready and run
+// only the gang, which must be movable by the rules of a single job. The
+// group ends, so the saving is every machine's price for the gang's time
+// left, less that GPU-time at the owned rate; the cost is the whole
+// gang's grace, staging and lost work. It returns the option, or the
+// machine and rule that keep the group (rule empty: nothing to say, the
+// group was weighed already or is not running yet).
+func gangOption(in *Input, m *Machine, byMachine map[string][]Running, stopping map[string]bool, seen map[string]bool) (option, string, string, string, bool) {
+	sp := in.Policy.SpillBack
+	if seen[m.Group] {
+		return option{}, "", "", "", false
+	}
+	seen[m.Group] = true
+	var group []*Machine
+	for i := range in.Machines {
+		if g := &in.Machines[i]; g.Group == m.Group && !g.State.Ended() {
+			group = append(group, g)
+		}
+	}
+	var r Running
+	for _, g := range group {
+		jobs := byMachine[g.ID]
+		if g.State != broker.MachineReady || stopping[g.ID] || len(jobs) != 1 || len(g.Jobs) != 1 || (r.ID != "" && jobs[0].ID != r.ID) {
+			return option{}, m.ID, StayStarting, "the gang of group " + m.Group + " is not running on all its machines", false
+		}
+		r = jobs[0]
+	}
+	rem := r.StartedAt.Add(r.Timeout).Sub(in.Now)
+	lost := max(in.Now.Sub(maxTime(r.StartedAt, r.LastCheckpoint)), 0)
+	if r.CheckpointEvery > 0 {
+		lost = min(lost, r.CheckpointEvery)
+	}
+	switch {
+	case !r.Checkpointable:
+		return option{}, m.ID, StayNoCheckpoint, fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID), false
+	case r.Stopping:
+		return option{}, m.ID, StayStopping, fmt.Sprintf("job %s is stopping", r.ID), false
+	case !r.LastMoved.IsZero() && in.Now.Sub(r.LastMoved) < sp.MinInterval:
+		return option{}, m.ID, StayMovedRecently, fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
+			broker.FormatDuration(in.Now.Sub(r.LastMoved).Truncate(time.Second)), broker.FormatDuration(sp.MinInterval)), false
+	case rem <= 0:
+		return option{}, m.ID, StayPastTime, fmt.Sprintf("job %s is past its declared time", r.ID), false
+	}
+	n := len(group)
+	gpuMs := int64(r.GPUs) * rem.Milliseconds()
+	o := option{jobs: []Running{r}, remaining: []time.Duration{rem}, lost: []time.Duration{lost}, whole: true, nodes: n}
+	o.saving = m.Offer.PricePerHour.MulDiv(int64(n)*rem.Milliseconds(), billing.MillisPerHour) -
+		in.HomeRate.MulDiv(gpuMs, billing.MillisPerHour)
+	o.cost = m.Offer.PricePerGPUHour().MulDiv(int64(r.GPUs)*(r.Grace+sp.Staging+lost).Milliseconds(), billing.MillisPerHour)
+	return o, m.ID, "", "", true
+}
+
+// placeGang finds n distinct owned nodes with room for one member of
+// gang r each (r.GPUs / n cards), the fullest first: indexes into free,
+// without changing free; false when fewer than n have room.
+func placeGang(free []HomeNode, r Running, n int) ([]int, bool) {
+	g := r.GPUs / n
+	var at []int
+	for i, h := range free {
+		if h.Free >= g && homeFits(h, r) {
+			at = append(at, i)
+		}
+	}
+	if len(at) < n {
+		return nil, false
+	}
+	slices.SortStableFunc(at, func(a, b int) int { return cmp.Compare(free[a].Free, free[b].Free) })
+	return at[:n], true
 }
 
 // placeHome finds an owned node for each job (largest first, each on the
