@@ -109,8 +109,9 @@ type SpillJob struct {
 // no waiting job could use the idle owned GPUs; of a machine, the jobs
 // with the most time left that are checkpointable, not moved within
 // MinInterval and fit on idle owned GPUs, when the expected saving beats
-// the cost by the margin (all of them: the machine ends). Machines go in order of net saving
-// (then id), each taking its owned GPUs before the next. It returns the
+// the cost by the margin (all of them: the machine ends); a gang's group
+// moves whole (gangOption). Machines go in order of net saving (then id),
+// each taking its owned GPUs before the next. It returns the
 // moves and, per ready machine considered and kept, why it stays and the
 // rule (Stay*).
 func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]string, map[string]string) {
