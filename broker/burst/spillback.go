@@ -181,24 +181,7 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 		var kept time.Duration // the longest time left of a job that cannot move
 		why, rule := "", ""
 		for _, r := range jobs {
-			rem := r.StartedAt.Add(r.Timeout).Sub(in.Now)
-			lost := in.Now.Sub(maxTime(r.StartedAt, r.LastCheckpoint))
-			if r.CheckpointEvery > 0 {
-				lost = min(lost, r.CheckpointEvery)
-			}
-			lost = max(lost, 0)
-			jwhy, jrule := "", ""
-			switch {
-			case !r.Checkpointable:
-				jrule, jwhy = StayNoCheckpoint, fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID)
-			case r.Stopping:
-				jrule, jwhy = StayStopping, fmt.Sprintf("job %s is stopping", r.ID)
-			case !r.LastMoved.IsZero() && in.Now.Sub(r.LastMoved) < sp.MinInterval:
-				jrule, jwhy = StayMovedRecently, fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
-					broker.FormatDuration(in.Now.Sub(r.LastMoved).Truncate(time.Second)), broker.FormatDuration(sp.MinInterval))
-			case rem <= 0:
-				jrule, jwhy = StayPastTime, fmt.Sprintf("job %s is past its declared time", r.ID)
-			}
+			rem, lost, jrule, jwhy := jobMove(in, r)
 			if jwhy != "" {
 				if why == "" {
 					why, rule = jwhy, jrule
@@ -331,8 +314,8 @@ type option struct {
 // group ends, so the saving is every machine's price for the gang's time
 // left, less that GPU-time at the owned rate; the cost is the whole
 // gang's grace, staging and lost work. It returns the option, or the
-// machine and rule that keep the group (rule empty: nothing to say, the
-// group was weighed already or is not running yet).
+// machine, rule and reason that keep the group (rule empty: the group was
+// weighed already).
 func gangOption(in *Input, m *Machine, byMachine map[string][]Running, stopping map[string]bool, seen map[string]bool) (option, string, string, string, bool) {
 	sp := in.Policy.SpillBack
 	if seen[m.Group] {
@@ -353,21 +336,9 @@ func gangOption(in *Input, m *Machine, byMachine map[string][]Running, stopping 
 		}
 		r = jobs[0]
 	}
-	rem := r.StartedAt.Add(r.Timeout).Sub(in.Now)
-	lost := max(in.Now.Sub(maxTime(r.StartedAt, r.LastCheckpoint)), 0)
-	if r.CheckpointEvery > 0 {
-		lost = min(lost, r.CheckpointEvery)
-	}
-	switch {
-	case !r.Checkpointable:
-		return option{}, m.ID, StayNoCheckpoint, fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID), false
-	case r.Stopping:
-		return option{}, m.ID, StayStopping, fmt.Sprintf("job %s is stopping", r.ID), false
-	case !r.LastMoved.IsZero() && in.Now.Sub(r.LastMoved) < sp.MinInterval:
-		return option{}, m.ID, StayMovedRecently, fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
-			broker.FormatDuration(in.Now.Sub(r.LastMoved).Truncate(time.Second)), broker.FormatDuration(sp.MinInterval)), false
-	case rem <= 0:
-		return option{}, m.ID, StayPastTime, fmt.Sprintf("job %s is past its declared time", r.ID), false
+	rem, lost, rule, why := jobMove(in, r)
+	if rule != "" {
+		return option{}, m.ID, rule, why, false
 	}
 	n := len(group)
 	gpuMs := int64(r.GPUs) * rem.Milliseconds()
@@ -376,6 +347,32 @@ func gangOption(in *Input, m *Machine, byMachine map[string][]Running, stopping 
 		in.HomeRate.MulDiv(gpuMs, billing.MillisPerHour)
 	o.cost = m.Offer.PricePerGPUHour().MulDiv(int64(r.GPUs)*(r.Grace+sp.Staging+lost).Milliseconds(), billing.MillisPerHour)
 	return o, m.ID, "", "", true
+}
+
+// jobMove weighs running job r by the rules that concern the job alone:
+// its declared time left, the work a move would lose (since its last
+// checkpoint, at most its checkpoint interval), and, when it may not move
+// now, the rule (Stay*) and why.
+func jobMove(in *Input, r Running) (rem, lost time.Duration, rule, why string) {
+	sp := in.Policy.SpillBack
+	rem = r.StartedAt.Add(r.Timeout).Sub(in.Now)
+	lost = in.Now.Sub(maxTime(r.StartedAt, r.LastCheckpoint))
+	if r.CheckpointEvery > 0 {
+		lost = min(lost, r.CheckpointEvery)
+	}
+	lost = max(lost, 0)
+	switch {
+	case !r.Checkpointable:
+		rule, why = StayNoCheckpoint, fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID)
+	case r.Stopping:
+		rule, why = StayStopping, fmt.Sprintf("job %s is stopping", r.ID)
+	case !r.LastMoved.IsZero() && in.Now.Sub(r.LastMoved) < sp.MinInterval:
+		rule, why = StayMovedRecently, fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
+			broker.FormatDuration(in.Now.Sub(r.LastMoved).Truncate(time.Second)), broker.FormatDuration(sp.MinInterval))
+	case rem <= 0:
+		rule, why = StayPastTime, fmt.Sprintf("job %s is past its declared time", r.ID)
+	}
+	return rem, lost, rule, why
 }
 
 // placeGang finds n distinct owned nodes with room for one member of
