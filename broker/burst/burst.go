@@ -268,11 +268,15 @@ func Decide(in *Input) Decision {
 		stopping[s.Machine] = true
 	}
 	d.SpillBacks, d.Stays, d.StayRules = spillBack(in, stopping)
+	var moved []Stop
 	for _, sb := range d.SpillBacks {
 		if sb.Whole { // the machine drains and ends; otherwise its jobs move one by one (burstctl)
-			stopping[sb.Machine] = true
-			d.Stops = append(d.Stops, Stop{Machine: sb.Machine, Reason: StopSpillBack, Detail: sb.Detail})
+			moved = append(moved, Stop{Machine: sb.Machine, Reason: StopSpillBack, Detail: sb.Detail})
 		}
+	}
+	for _, s := range withGroups(in.Machines, moved) { // a gang's group ends together
+		stopping[s.Machine] = true
+		d.Stops = append(d.Stops, s)
 	}
 
 	offers := usableOffers(in)

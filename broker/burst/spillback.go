@@ -109,8 +109,9 @@ type SpillJob struct {
 // no waiting job could use the idle owned GPUs; of a machine, the jobs
 // with the most time left that are checkpointable, not moved within
 // MinInterval and fit on idle owned GPUs, when the expected saving beats
-// the cost by the margin (all of them: the machine ends). Machines go in order of net saving
-// (then id), each taking its owned GPUs before the next. It returns the
+// the cost by the margin (all of them: the machine ends); a gang's group
+// moves whole (gangOption). Machines go in order of net saving (then id),
+// each taking its owned GPUs before the next. It returns the
 // moves and, per ready machine considered and kept, why it stays and the
 // rule (Stay*).
 func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]string, map[string]string) {
@@ -143,18 +144,12 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 	// now), so the saving is its price over the time cut, less the moved
 	// GPU-time at the owned rate; the cost is the moved jobs' grace,
 	// staging and lost work at the machine's rate per GPU-hour.
-	type option struct {
-		jobs         []Running
-		remaining    []time.Duration
-		lost         []time.Duration
-		saving, cost billing.Amount
-		whole        bool
-	}
 	type cand struct {
 		m    *Machine
 		opts []option // each beats the margin, best net saving first
 	}
 	var cands []cand
+	groupSeen := map[string]bool{}
 	for i := range in.Machines {
 		m := &in.Machines[i]
 		jobs := byMachine[m.ID]
@@ -162,7 +157,16 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 			continue
 		}
 		if m.Group != "" {
-			stays[m.ID] = "it runs a gang across its group " + m.Group + ", which moves home only by ending"
+			if o, id, rule, why, ok := gangOption(in, m, byMachine, stopping, groupSeen); ok {
+				if o.saving <= o.cost+billing.Amount(float64(o.cost)*sp.Margin) {
+					stay(id, StaySaving, fmt.Sprintf("expected saving %s %s does not beat the move's cost %s × (1 + margin %g)",
+						Money(o.saving), in.Currency, Money(o.cost), sp.Margin))
+					continue
+				}
+				cands = append(cands, cand{m: m, opts: []option{o}})
+			} else if rule != "" {
+				stay(id, rule, why)
+			}
 			continue
 		}
 		if len(jobs) != len(m.Jobs) {
@@ -177,24 +181,7 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 		var kept time.Duration // the longest time left of a job that cannot move
 		why, rule := "", ""
 		for _, r := range jobs {
-			rem := r.StartedAt.Add(r.Timeout).Sub(in.Now)
-			lost := in.Now.Sub(maxTime(r.StartedAt, r.LastCheckpoint))
-			if r.CheckpointEvery > 0 {
-				lost = min(lost, r.CheckpointEvery)
-			}
-			lost = max(lost, 0)
-			jwhy, jrule := "", ""
-			switch {
-			case !r.Checkpointable:
-				jrule, jwhy = StayNoCheckpoint, fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID)
-			case r.Stopping:
-				jrule, jwhy = StayStopping, fmt.Sprintf("job %s is stopping", r.ID)
-			case !r.LastMoved.IsZero() && in.Now.Sub(r.LastMoved) < sp.MinInterval:
-				jrule, jwhy = StayMovedRecently, fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
-					broker.FormatDuration(in.Now.Sub(r.LastMoved).Truncate(time.Second)), broker.FormatDuration(sp.MinInterval))
-			case rem <= 0:
-				jrule, jwhy = StayPastTime, fmt.Sprintf("job %s is past its declared time", r.ID)
-			}
+			rem, lost, jrule, jwhy := jobMove(in, r)
 			if jwhy != "" {
 				if why == "" {
 					why, rule = jwhy, jrule
@@ -267,18 +254,32 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 	for _, c := range cands {
 		moved := false
 		for _, o := range c.opts {
-			placed, ok := placeHome(free, o.jobs)
+			var placed []int
+			ok := false
+			if o.nodes > 1 {
+				placed, ok = placeGang(free, o.jobs[0], o.nodes)
+			} else {
+				placed, ok = placeHome(free, o.jobs)
+			}
 			if !ok {
 				continue
 			}
 			sb := SpillBack{Machine: c.m.ID, Saving: o.saving, Cost: o.cost, Whole: o.whole}
-			for i, r := range o.jobs {
-				n := &free[placed[i]]
-				n.Free -= r.GPUs
-				sb.Jobs = append(sb.Jobs, SpillJob{Job: r.ID, Node: n.Name, GPUs: r.GPUs, Remaining: o.remaining[i], LostWork: o.lost[i]})
+			for i, at := range placed {
+				r, k := o.jobs[0], 0
+				if o.nodes <= 1 {
+					r, k = o.jobs[i], i
+				}
+				g := r.GPUs / max(1, o.nodes)
+				n := &free[at]
+				n.Free -= g
+				sb.Jobs = append(sb.Jobs, SpillJob{Job: r.ID, Node: n.Name, GPUs: g, Remaining: o.remaining[k], LostWork: o.lost[k]})
 			}
 			sb.Detail = fmt.Sprintf("moving home: expected saving %s %s, move cost %s %s", Money(o.saving), in.Currency, Money(o.cost), in.Currency)
-			if !o.whole {
+			switch {
+			case o.nodes > 1:
+				sb.Detail += fmt.Sprintf(" (gang across group %s, %d nodes)", c.m.Group, o.nodes)
+			case !o.whole:
 				sb.Detail += fmt.Sprintf(" (%d of the machine's %d jobs)", len(o.jobs), len(c.m.Jobs))
 			}
 			out = append(out, sb)
@@ -293,6 +294,103 @@ func spillBack(in *Input, stopping map[string]bool) ([]SpillBack, map[string]str
 		delete(rules, c.m.ID)
 	}
 	return out, stays, rules
+}
+
+// option is one way to move a machine's jobs home: the jobs, their time
+// left and work lost, the expected saving and the move's cost; whole when
+// the machine (or, for a gang, Nodes > 1, its whole group) ends.
+type option struct {
+	jobs         []Running
+	remaining    []time.Duration
+	lost         []time.Duration
+	saving, cost billing.Amount
+	whole        bool
+	nodes        int // a gang's members, one per owned node (0: single jobs)
+}
+
+// gangOption weighs moving the gang that runs on machine m's group home,
+// once per group (seen): every machine of the group must be ready and run
+// only the gang, which must be movable by the rules of a single job. The
+// group ends, so the saving is every machine's price for the gang's time
+// left, less that GPU-time at the owned rate; the cost is the whole
+// gang's grace, staging and lost work. It returns the option, or the
+// machine, rule and reason that keep the group (rule empty: the group was
+// weighed already).
+func gangOption(in *Input, m *Machine, byMachine map[string][]Running, stopping map[string]bool, seen map[string]bool) (option, string, string, string, bool) {
+	sp := in.Policy.SpillBack
+	if seen[m.Group] {
+		return option{}, "", "", "", false
+	}
+	seen[m.Group] = true
+	var group []*Machine
+	for i := range in.Machines {
+		if g := &in.Machines[i]; g.Group == m.Group && !g.State.Ended() {
+			group = append(group, g)
+		}
+	}
+	var r Running
+	for _, g := range group {
+		jobs := byMachine[g.ID]
+		if g.State != broker.MachineReady || stopping[g.ID] || len(jobs) != 1 || len(g.Jobs) != 1 || (r.ID != "" && jobs[0].ID != r.ID) {
+			return option{}, m.ID, StayStarting, "the gang of group " + m.Group + " is not running on all its machines", false
+		}
+		r = jobs[0]
+	}
+	rem, lost, rule, why := jobMove(in, r)
+	if rule != "" {
+		return option{}, m.ID, rule, why, false
+	}
+	n := len(group)
+	gpuMs := int64(r.GPUs) * rem.Milliseconds()
+	o := option{jobs: []Running{r}, remaining: []time.Duration{rem}, lost: []time.Duration{lost}, whole: true, nodes: n}
+	o.saving = m.Offer.PricePerHour.MulDiv(int64(n)*rem.Milliseconds(), billing.MillisPerHour) -
+		in.HomeRate.MulDiv(gpuMs, billing.MillisPerHour)
+	o.cost = m.Offer.PricePerGPUHour().MulDiv(int64(r.GPUs)*(r.Grace+sp.Staging+lost).Milliseconds(), billing.MillisPerHour)
+	return o, m.ID, "", "", true
+}
+
+// jobMove weighs running job r by the rules that concern the job alone:
+// its declared time left, the work a move would lose (since its last
+// checkpoint, at most its checkpoint interval), and, when it may not move
+// now, the rule (Stay*) and why.
+func jobMove(in *Input, r Running) (rem, lost time.Duration, rule, why string) {
+	sp := in.Policy.SpillBack
+	rem = r.StartedAt.Add(r.Timeout).Sub(in.Now)
+	lost = in.Now.Sub(maxTime(r.StartedAt, r.LastCheckpoint))
+	if r.CheckpointEvery > 0 {
+		lost = min(lost, r.CheckpointEvery)
+	}
+	lost = max(lost, 0)
+	switch {
+	case !r.Checkpointable:
+		rule, why = StayNoCheckpoint, fmt.Sprintf("job %s has no checkpoint in object storage (checkpoint.to)", r.ID)
+	case r.Stopping:
+		rule, why = StayStopping, fmt.Sprintf("job %s is stopping", r.ID)
+	case !r.LastMoved.IsZero() && in.Now.Sub(r.LastMoved) < sp.MinInterval:
+		rule, why = StayMovedRecently, fmt.Sprintf("job %s moved home %s ago (spillBack.minInterval %s)", r.ID,
+			broker.FormatDuration(in.Now.Sub(r.LastMoved).Truncate(time.Second)), broker.FormatDuration(sp.MinInterval))
+	case rem <= 0:
+		rule, why = StayPastTime, fmt.Sprintf("job %s is past its declared time", r.ID)
+	}
+	return rem, lost, rule, why
+}
+
+// placeGang finds n distinct owned nodes with room for one member of
+// gang r each (r.GPUs / n cards), the fullest first: indexes into free,
+// without changing free; false when fewer than n have room.
+func placeGang(free []HomeNode, r Running, n int) ([]int, bool) {
+	g := r.GPUs / n
+	var at []int
+	for i, h := range free {
+		if h.Free >= g && homeFits(h, r) {
+			at = append(at, i)
+		}
+	}
+	if len(at) < n {
+		return nil, false
+	}
+	slices.SortStableFunc(at, func(a, b int) int { return cmp.Compare(free[a].Free, free[b].Free) })
+	return at[:n], true
 }
 
 // placeHome finds an owned node for each job (largest first, each on the

@@ -227,3 +227,90 @@ func TestSpillBackMovesPartOfAMachine(t *testing.T) {
 		t.Fatalf("spill-backs %+v, rules %v", d.SpillBacks, d.StayRules)
 	}
 }
+
+// gangInput: a 16-GPU gang (2 × 8) running on its group of two ready
+// 8-GPU machines, and two owned nodes with 8 free GPUs each.
+func gangInput() *Input {
+	in := spillInput()
+	in.Machines = []Machine{
+		{ID: "g1", Provider: "aws", Offer: catalog[0], State: broker.MachineReady, Team: "nlp", Group: "grp", Jobs: []string{"gang"},
+			GPUsUsed: 8, ReadyGPUs: 8, LaunchedAt: now.Add(-2 * time.Hour)},
+		{ID: "g2", Provider: "aws", Offer: catalog[0], State: broker.MachineReady, Team: "nlp", Group: "grp", Jobs: []string{"gang"},
+			GPUsUsed: 8, ReadyGPUs: 8, LaunchedAt: now.Add(-2 * time.Hour)},
+	}
+	in.Running = []Running{runningJob("gang", "g1", 16), runningJob("gang", "g2", 16)}
+	in.Home = []HomeNode{{Name: "n1", Free: 8}, {Name: "n2", Free: 8}}
+	return in
+}
+
+// A gang moves home when as many owned nodes as it has members each have
+// room for one: its whole group drains and ends.
+func TestSpillBackMovesAGangWhole(t *testing.T) {
+	d := Decide(gangInput())
+	if len(d.SpillBacks) != 1 {
+		t.Fatalf("spill-backs %+v, stays %v", d.SpillBacks, d.Stays)
+	}
+	sb := d.SpillBacks[0]
+	// Saving: two machines at 98.32/h for the 9h left, less 16 GPUs × 9h
+	// at 2.00 = 1,769.76 − 288.00. Cost: 16 GPUs × 8m at 12.29/GPU-h.
+	if got, want := sb.Saving, usd("1481.76"); got != want {
+		t.Errorf("saving %s, want %s", got, want)
+	}
+	if got, want := sb.Cost.Cents(), "26.22"; got != want {
+		t.Errorf("cost %s, want %s", got, want)
+	}
+	want := []SpillJob{
+		{Job: "gang", Node: "n1", GPUs: 8, Remaining: 9 * time.Hour, LostWork: 5 * time.Minute},
+		{Job: "gang", Node: "n2", GPUs: 8, Remaining: 9 * time.Hour, LostWork: 5 * time.Minute},
+	}
+	if diff := cmp.Diff(want, sb.Jobs); diff != "" {
+		t.Errorf("jobs (-want +got):\n%s", diff)
+	}
+	if !sb.Whole || !strings.Contains(sb.Detail, "gang across group grp, 2 nodes") {
+		t.Errorf("whole %v, detail %q", sb.Whole, sb.Detail)
+	}
+	var stopped []string
+	for _, s := range d.Stops {
+		if s.Reason != StopSpillBack {
+			t.Errorf("stop %+v: reason is not %s", s, StopSpillBack)
+		}
+		stopped = append(stopped, s.Machine)
+	}
+	if diff := cmp.Diff([]string{"g1", "g2"}, stopped); diff != "" {
+		t.Errorf("stopped machines (-want +got):\n%s", diff)
+	}
+}
+
+func TestSpillBackGangStays(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(in *Input)
+		rule string
+	}{
+		{"one node free for two members", func(in *Input) { in.Home[1].Free = 7 }, StayNoFit},
+		{"one member's machine not ready", func(in *Input) { in.Machines[1].State = broker.MachineBootstrapping }, StayStarting},
+		{"not checkpointable", func(in *Input) {
+			for i := range in.Running {
+				in.Running[i].Checkpointable = false
+			}
+		}, StayNoCheckpoint},
+		{"almost done", func(in *Input) {
+			for i := range in.Running {
+				in.Running[i].Timeout = time.Hour + 5*time.Minute
+			}
+		}, StaySaving},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			in := gangInput()
+			c.edit(in)
+			d := Decide(in)
+			if len(d.SpillBacks) != 0 {
+				t.Fatalf("moved: %+v", d.SpillBacks)
+			}
+			if d.StayRules["g1"] != c.rule {
+				t.Errorf("stay rule %q (%q), want %q", d.StayRules["g1"], d.Stays["g1"], c.rule)
+			}
+		})
+	}
+}

@@ -50,7 +50,7 @@ func (e *engine) ownedIdleForBurst() int {
 	var sizes []int
 	for _, m := range e.alive {
 		if m.rec.Group != "" {
-			continue // a gang's group moves home only by ending
+			continue // gangs are left out, as before gangs could move home, so the measure stays comparable
 		}
 		for _, sj := range m.running {
 			sizes = append(sizes, sj.j.TotalGPUs())

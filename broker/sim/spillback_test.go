@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/burst"
 )
 
 // A 20-hour 4-GPU job bursts while two 1-hour jobs fill the owned GPUs.
@@ -68,4 +71,46 @@ func TestSpillBackMovesPartOfAMachine(t *testing.T) {
 	if r.BurstGPUHours > 4*3.5 {
 		t.Errorf("burst GPU-h %.1f, want about 4 × 3h", r.BurstGPUHours)
 	}
+}
+
+// A 20-hour gang of two 4-GPU members bursts to a group of two machines
+// while two 1-hour jobs fill the owned nodes. When they end, both owned
+// nodes stand idle: spill-back moves the gang home whole, and both
+// machines of its group end.
+func TestSpillBackMovesAGangHome(t *testing.T) {
+	rows := []string{"0,3600,4,a,medium,default", "0,3600,4,a,medium,default", "0,72000,8,a,medium,default"}
+	tr := csvTrace(t, rows...)
+	c := cluster(t, strings.Replace(testCluster, "    maxLifetime: 30d\n",
+		"    maxLifetime: 30d\n    spillBack: {enabled: true, margin: 0.5, minInterval: 1h, staging: 2m}\n", 1))
+	r := run(t, tr, c, "spillway", Options{Seed: 1, RecordStarts: true, RecordMachines: true})
+	var got []string
+	for _, s := range r.Starts {
+		got = append(got, fmt.Sprintf("%s#%d burst=%v", s.Job, s.Attempt, s.Burst))
+	}
+	want := "j000001#1 burst=false j000002#1 burst=false j000003#1 burst=true j000003#2 burst=false"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("starts %s, want %s", strings.Join(got, " "), want)
+	}
+	if r.SpillBacks != 1 || r.Machines != 2 || r.Succeeded != 3 {
+		t.Errorf("%d moved, %d machines, %d succeeded", r.SpillBacks, r.Machines, r.Succeeded)
+	}
+	for _, m := range r.MachineRecords {
+		if m.Group == "" || !hasReason(m.History, burst.StopSpillBack) {
+			t.Errorf("machine %s (group %q) did not end by spill-back: %+v", m.ID, m.Group, m.History)
+		}
+	}
+	// From the move on, the gang's 8 GPU-hours an hour run at home: the
+	// machines ran about an hour each, not 20.
+	if r.BurstGPUHours > 2*4*2 {
+		t.Errorf("burst GPU-hours %.1f", r.BurstGPUHours)
+	}
+}
+
+func hasReason(h []broker.Transition, reason string) bool {
+	for _, t := range h {
+		if t.Reason == reason {
+			return true
+		}
+	}
+	return false
 }
