@@ -70,7 +70,7 @@ func (s *Server) register(c echo.Context) error {
 			"node %s's credential allows %d GPUs, the agent reports %d", req.Node, p.MaxGPUs, len(req.Inventory.Devices))
 	}
 	ctx := c.Request().Context()
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.checkLeaderLocked(); err != nil {
 		return err
@@ -139,7 +139,7 @@ func (s *Server) sync(c echo.Context) error {
 	if _, err := s.jobTokenKey(ctx); err != nil {
 		s.log.Warn("read the job-token key; starts go without job tokens", "err", err)
 	}
-	s.mu.Lock()
+	s.lock()
 	if err := s.checkLeaderLocked(); err != nil {
 		s.mu.Unlock()
 		return err
@@ -163,7 +163,7 @@ func (s *Server) sync(c echo.Context) error {
 		}
 		timer.Stop()
 		region.End()
-		s.mu.Lock()
+		s.lock()
 		if err := s.checkLeaderLocked(); err != nil {
 			s.mu.Unlock()
 			return err // orders never come from a broker that stopped leading

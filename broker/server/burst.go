@@ -257,7 +257,7 @@ func (s *Server) burstLoop(ctx context.Context) {
 // resumeRecords starts a worker for every record between two steps: a
 // broker that was killed picks each machine up where it was.
 func (s *Server) resumeRecords(ctx context.Context) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	for id, r := range s.burst.instances {
 		switch r.State {
@@ -278,7 +278,7 @@ func (s *Server) startWorkerLocked(ctx context.Context, id string, fn func(conte
 	// The worker keeps the caller's context, which the term's bounds.
 	s.goWork(func(context.Context) {
 		defer func() {
-			s.mu.Lock()
+			s.lock()
 			delete(s.burst.working, id)
 			s.mu.Unlock()
 		}()
@@ -288,7 +288,7 @@ func (s *Server) startWorkerLocked(ctx context.Context, id string, fn func(conte
 
 // refreshOffers asks every provider for its offers when the cache is old.
 func (s *Server) refreshOffers(ctx context.Context, now time.Time) {
-	s.mu.Lock()
+	s.lock()
 	stale := now.Sub(s.burst.offersAt) >= offerRefresh
 	provs := make(map[string]providers.Provider, len(s.burst.providers))
 	for k, v := range s.burst.providers {
@@ -309,11 +309,12 @@ func (s *Server) refreshOffers(ctx context.Context, now time.Time) {
 		}
 		got[name] = offers
 	}
-	s.mu.Lock()
+	s.lock()
 	for k, v := range got {
 		s.burst.offers[k] = v
 	}
 	s.burst.offersAt = now
+	s.noteInventoryLocked()
 	s.mu.Unlock()
 }
 
@@ -328,7 +329,7 @@ func (s *Server) BurstCycle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
+	s.lock()
 	if !s.mayDecideLocked() {
 		s.mu.Unlock()
 		return nil // a standby, or the store is unreachable (leader.go)
@@ -361,7 +362,7 @@ func (s *Server) PlanBurst(ctx context.Context) (burst.Decision, *burst.Input, e
 	if err != nil {
 		return burst.Decision{}, nil, err
 	}
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	in := ctl.Input(now, s.burst.active, budgets)
 	in.CoolDowns = s.coolDownsLocked(now)
@@ -430,7 +431,7 @@ func (s *Server) currency() string {
 
 // record returns a copy of a record and its provider.
 func (s *Server) record(id string) (*broker.InstanceRecord, providers.Provider) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	r, ok := s.burst.instances[id]
 	if !ok {
@@ -442,7 +443,7 @@ func (s *Server) record(id string) (*broker.InstanceRecord, providers.Provider) 
 // update applies fn to a copy of the record and writes it (with any job
 // changes fn returns).
 func (s *Server) update(ctx context.Context, id string, fn func(r *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error)) (*broker.InstanceRecord, error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	r, ok := s.burst.instances[id]
 	if !ok {
@@ -735,7 +736,7 @@ func machineDir(dir, id string) string { return strings.ReplaceAll(dir, "{machin
 // the bootstrap began.
 func (s *Server) waitRegistered(ctx context.Context, id string, since time.Time) error {
 	for {
-		s.mu.Lock()
+		s.lock()
 		n, ok := s.nodes[id]
 		done := ok && n.State == broker.NodeReady && !n.RegisteredAt.Before(since.Add(-time.Second))
 		s.mu.Unlock()
@@ -840,7 +841,7 @@ func (s *Server) dropPlacement(ctx context.Context, rec *broker.InstanceRecord, 
 	if rec.Group == "" || !ok {
 		return
 	}
-	s.mu.Lock()
+	s.lock()
 	for _, r := range s.burst.instances {
 		if r.Group == rec.Group && !r.State.Ended() {
 			s.mu.Unlock()
@@ -880,7 +881,7 @@ func (s *Server) closeRecord(ctx context.Context, id, reason, detail string, end
 // record whose machine vanished is closed, metered up to when it was last
 // seen; a reservation left open by an ended record is released.
 func (s *Server) Reconcile(ctx context.Context) {
-	s.mu.Lock()
+	s.lock()
 	provs := make(map[string]providers.Provider, len(s.burst.providers))
 	for k, v := range s.burst.providers {
 		provs[k] = v
@@ -903,7 +904,7 @@ func (s *Server) Reconcile(ctx context.Context) {
 		s.reconcileProvider(ctx, name, p, list)
 	}
 	// Reservations of ended records.
-	s.mu.Lock()
+	s.lock()
 	var stale []string
 	for id, r := range s.burst.instances {
 		if r.State.Ended() {
@@ -931,12 +932,12 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 	live := map[string]bool{}
 	for _, inst := range list {
 		live[inst.ID] = true
-		s.mu.Lock()
+		s.lock()
 		r := s.burst.instances[inst.RecordID]
 		s.mu.Unlock()
 		key := name + "/" + inst.ID
 		if r == nil || r.State.Ended() {
-			s.mu.Lock()
+			s.lock()
 			first, seen := s.burst.orphans[key]
 			if !seen {
 				s.burst.orphans[key] = now
@@ -955,7 +956,7 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 			}
 			continue
 		}
-		s.mu.Lock()
+		s.lock()
 		delete(s.burst.orphans, key)
 		s.mu.Unlock()
 		if r.ProviderID == "" && r.State == broker.MachineRequested {
@@ -967,7 +968,7 @@ func (s *Server) reconcileProvider(ctx context.Context, name string, p providers
 			return nil, nil
 		})
 	}
-	s.mu.Lock()
+	s.lock()
 	var gone []*broker.InstanceRecord
 	for _, r := range s.burst.instances {
 		st := r.State

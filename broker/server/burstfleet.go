@@ -29,7 +29,7 @@ func (s *Server) burstCtl() *burstctl.Controller {
 // withBurstCtl runs fn on the executor under the state lock, for the
 // workers' steps (a machine created, ready, failed or gone).
 func (s *Server) withBurstCtl(fn func(c *burstctl.Controller, now time.Time) error) error {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	err := fn(s.burstCtl(), s.clock.Now())
 	s.kick()
@@ -166,6 +166,7 @@ func (f serverFleet) Commit(ctx context.Context, st *burstctl.Step) error {
 			s.wakeNodeLocked(r.ID)
 		}
 	}
+	s.noteInventoryLocked()
 	for _, j := range st.Jobs {
 		for _, n := range j.Nodes() {
 			s.wakeNodeLocked(n)

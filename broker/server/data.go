@@ -244,7 +244,7 @@ func (s *Server) reportCheckpoint(c echo.Context) error {
 			return err
 		}
 	}
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	j, ok := s.jobs[id]
 	if !ok {
@@ -351,7 +351,7 @@ func (c *dataCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	for _, n := range s.nodes {
 		// A node whose agent has staged nothing yet reports an empty cache.
@@ -390,7 +390,7 @@ const dataWaitHint = "stage the data as inputs with cache: true so it is read fr
 // dataWaits lists the jobs the broker holds whose data wait overlaps the
 // period (of one team, or all when team is empty), longest first.
 func (s *Server) dataWaits(p billing.Period, team string) []api.DataWaitJob {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	out := []api.DataWaitJob{}
 	for _, j := range s.jobs {

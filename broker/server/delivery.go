@@ -145,7 +145,7 @@ func (c *observeCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 	bound := s.cfg().Reports.StarvationAfter.D()
@@ -580,7 +580,7 @@ func (s *Server) buildDelivery(ctx context.Context, p billing.Period, team strin
 	finish(&total)
 	rep.Total = total.DeliveryRow
 
-	s.mu.Lock()
+	s.lock()
 	for id, j := range s.jobs {
 		if j.State != broker.StatePending || (team != "" && j.Spec.Team != team) {
 			continue

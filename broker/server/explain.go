@@ -72,7 +72,7 @@ func (s *Server) explainJob(c echo.Context) error {
 func (s *Server) explain(ctx context.Context, j *broker.Job, viewer api.Principal) (*api.Explanation, error) {
 	x := &api.Explanation{Job: j, At: s.clock.Now()}
 	x.State = explainState(j)
-	s.mu.Lock()
+	s.lock()
 	if cur, ok := s.jobs[j.ID]; ok && cur.IdleSince != nil && j.IdleSince == nil {
 		j.IdleSince = cur.IdleSince
 	}

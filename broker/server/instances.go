@@ -20,7 +20,7 @@ import (
 
 func (s *Server) instanceViews(c echo.Context, only string) ([]api.InstanceView, error) {
 	now := s.clock.Now()
-	s.mu.Lock()
+	s.lock()
 	var views []api.InstanceView
 	for id, r := range s.burst.instances {
 		if only != "" && id != only {
@@ -80,7 +80,7 @@ func (s *Server) getInstance(c echo.Context) error {
 	}
 	if len(views) == 0 {
 		// A unique prefix names the machine too, with or without "spw-".
-		s.mu.Lock()
+		s.lock()
 		ids := make([]string, 0, len(s.burst.instances))
 		for id := range s.burst.instances {
 			ids = append(ids, id)
@@ -108,7 +108,7 @@ func (s *Server) burstPlan(c echo.Context) error {
 		return err
 	}
 	names := []string{}
-	s.mu.Lock()
+	s.lock()
 	for name := range s.burst.providers {
 		names = append(names, name)
 	}

@@ -127,7 +127,7 @@ func (s *Server) lead(ctx context.Context) {
 // takeOver starts a term: fence the store with the term's token, reload
 // the in-memory view, and give agents their grace period.
 func (s *Server) takeOver(ctx context.Context, token uint64) error {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if f, ok := s.store.(broker.Fenced); ok {
 		f.SetFence(token)
@@ -155,7 +155,7 @@ func (s *Server) takeOver(ctx context.Context, token uint64) error {
 func (s *Server) endTerm(t *term, why string) {
 	t.cancel()
 	<-t.done
-	s.mu.Lock()
+	s.lock()
 	s.ha.term.Store(0)
 	s.resetLocked()
 	s.mu.Unlock()
@@ -173,7 +173,7 @@ func (s *Server) graceLocked() {
 // way back from an outage gives agents a new grace period before any
 // decision, since their heartbeats could not be recorded meanwhile.
 func (s *Server) noteStore(err error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	switch {
 	case err != nil && !s.ha.storeDown:
@@ -197,6 +197,7 @@ func (s *Server) resetLocked() {
 		close(ch)
 	}
 	s.jobs = map[string]*broker.Job{}
+	s.dropSubmittedLocked()
 	s.nodes = map[string]*broker.Node{}
 	s.byNode = map[string]map[string]bool{}
 	s.reasons = map[string]sched.Reason{}
@@ -207,6 +208,7 @@ func (s *Server) resetLocked() {
 	b.instances = map[string]*broker.InstanceRecord{}
 	b.offers = map[string][]providers.Offer{}
 	b.offersAt = time.Time{}
+	s.noteInventoryLocked()
 	b.reasons = map[string]broker.PendingReason{}
 	b.orphans = map[string]time.Time{}
 	b.reconciled = time.Time{}

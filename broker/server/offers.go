@@ -25,7 +25,7 @@ func (s *Server) listOffers(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
+	s.lock()
 	in := &burst.Input{Now: now, CoolDowns: s.coolDownsLocked(now), Budgets: budgets, Currency: s.currency()}
 	for name, offers := range s.burst.offers {
 		if _, ok := s.burst.providers[name]; ok {

@@ -107,7 +107,7 @@ func (s *Server) refreshPrices(c echo.Context) error {
 		out = append(out, api.PriceRefresh{Provider: name, Table: &t})
 	}
 	// The next decision and `spillway offers` ask the providers again.
-	s.mu.Lock()
+	s.lock()
 	s.burst.offersAt = time.Time{}
 	s.mu.Unlock()
 	if len(failed) == len(out) {
@@ -119,7 +119,7 @@ func (s *Server) refreshPrices(c echo.Context) error {
 // priceRefreshers returns the providers with a price list (only want's
 // when want is not empty) and whether want names a configured provider.
 func (s *Server) priceRefreshers(want string) (map[string]providers.PriceRefresher, bool, error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.checkLeaderLocked(); err != nil {
 		return nil, false, err
@@ -172,7 +172,7 @@ func (s *Server) clearPrices(c echo.Context) error {
 		refreshers[name].UsePrices(providers.PriceTable{Provider: name})
 		s.log.Info("refreshed prices cleared; configured prices apply", "provider", name, "by", principal(c).Name)
 	}
-	s.mu.Lock()
+	s.lock()
 	s.burst.offersAt = time.Time{}
 	s.mu.Unlock()
 	return c.JSON(http.StatusOK, map[string]any{"cleared": cleared})

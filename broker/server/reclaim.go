@@ -65,7 +65,7 @@ func (s *Server) coolDownLocked(o providers.Offer, now time.Time, reason string)
 
 // noteCapacityError cools an offer down after the provider refused it.
 func (s *Server) noteCapacityError(o providers.Offer, err error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	s.coolDownLocked(o, s.clock.Now(), "the provider refused it: "+err.Error())
 }

@@ -46,7 +46,7 @@ func TestBurstWorkersOwned(t *testing.T) {
 	var ended atomic.Bool
 	go func() {
 		s.runTerm(ctx, []func(context.Context){func(ctx context.Context) {
-			s.mu.Lock()
+			s.lock()
 			s.startWorkerLocked(ctx, "m1", func(wctx context.Context, id string) {
 				close(started)
 				<-wctx.Done()
@@ -63,7 +63,7 @@ func TestBurstWorkersOwned(t *testing.T) {
 	if !ended.Load() {
 		t.Fatal("the term ended before its burst worker")
 	}
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if s.burst.working["m1"] {
 		t.Fatal("the worker's id is still marked working")
