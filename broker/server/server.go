@@ -94,6 +94,8 @@ type Server struct {
 	mu sync.Mutex
 	// submitted is the jobs committed by submits and not yet in memory.
 	submitted submittedJobs
+	// syncs is the agent reports waiting for mu (agents.go).
+	syncs syncQueue
 	// invLimits is the inventory's spec limits (noteInventoryLocked),
 	// read by submits without mu.
 	invLimits atomic.Pointer[inventoryLimits]

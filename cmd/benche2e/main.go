@@ -65,6 +65,7 @@ type options struct {
 	timeoutSlack  time.Duration
 	traceFile     string
 	cpuProfile    string
+	mutexProfile  string
 	verbose       bool
 	schedInterval time.Duration
 	teamQuota     int
@@ -87,6 +88,7 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&o.timeoutSlack, "timeout-slack", 5*time.Second, "declared timeout of a job: its duration plus this")
 	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the broker and agents here (go tool trace FILE)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replay here (go tool pprof FILE)")
+	fs.StringVar(&o.mutexProfile, "mutexprofile", "", "write the replay's mutex contention profile here, by the stack that held the lock (go tool pprof FILE)")
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
@@ -362,6 +364,16 @@ func replay(o options, items []Item) (*result, error) {
 			return nil, err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if o.mutexProfile != "" {
+		runtime.SetMutexProfileFraction(1)
+		defer func() {
+			runtime.SetMutexProfileFraction(0)
+			if f, err := os.Create(o.mutexProfile); err == nil {
+				_ = pprof.Lookup("mutex").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
 	}
 	clients := map[string]*client.Client{}
 	for t, tok := range c.tokens {
