@@ -284,13 +284,14 @@ func (s *Server) recordSyncsLocked(ctx context.Context, calls []*syncCall) {
 		}
 		return nil
 	}
+	// Not tied to the one request that records them all.
+	ctx = context.WithoutCancel(ctx)
 	var err error
 	if len(jobs) == 0 && len(nodes) == 0 && logs == 0 {
 		// Nothing to write: read the log offsets only.
 		err = s.store.View(ctx, extra)
 	} else {
-		// Not tied to the one request that records them all.
-		err = s.commitLocked(context.WithoutCancel(ctx), jobs, nodes, extra)
+		err = s.commitLocked(ctx, jobs, nodes, extra)
 	}
 	if err != nil {
 		for _, p := range preps {
