@@ -73,6 +73,9 @@ type Broker interface {
 	// WakeNode tells a node's waiting sync that it has new orders (under
 	// the lock).
 	WakeNode(name string)
+	// OffersChanged tells the broker the providers' offers changed, so
+	// that what a spec may ask for is published again (under the lock).
+	OffersChanged()
 	// NoteReasons keeps the last decision's word on each waiting job, for
 	// the API's pending reasons (under the lock).
 	NoteReasons(reasons map[string]broker.PendingReason)
@@ -348,6 +351,7 @@ func (f *Fleet) RefreshOffers(ctx context.Context, now time.Time) {
 		f.offers[k] = v
 	}
 	f.offersAt = now
+	f.st.OffersChanged()
 	f.st.Unlock()
 }
 

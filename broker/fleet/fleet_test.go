@@ -47,6 +47,7 @@ func (b *fakeBroker) MachineJobs(string) ([]string, int)              { return n
 func (b *fakeBroker) OnMachine(string) ([]*broker.Job, []*broker.Job) { return nil, nil }
 func (b *fakeBroker) HomeNodes() []burst.HomeNode                     { return nil }
 func (b *fakeBroker) WakeNode(string)                                 {}
+func (b *fakeBroker) OffersChanged()                                  {}
 func (b *fakeBroker) Kick()                                           {}
 func (b *fakeBroker) Park() func()                                    { return func() {} }
 func (b *fakeBroker) BrokerCA() string                                { return "" }

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"runtime/trace"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -70,7 +71,7 @@ func (s *Server) register(c echo.Context) error {
 			"node %s's credential allows %d GPUs, the agent reports %d", req.Node, p.MaxGPUs, len(req.Inventory.Devices))
 	}
 	ctx := c.Request().Context()
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.checkLeaderLocked(); err != nil {
 		return err
@@ -139,14 +140,20 @@ func (s *Server) sync(c echo.Context) error {
 	if _, err := s.jobTokenKey(ctx); err != nil {
 		s.log.Warn("read the job-token key; starts go without job tokens", "err", err)
 	}
-	s.mu.Lock()
+	call := &syncCall{req: &req}
+	s.syncs.push(call)
+	s.lock()
 	if err := s.checkLeaderLocked(); err != nil {
+		s.failSyncsLocked(err)
 		s.mu.Unlock()
 		return err
 	}
-	region := trace.StartRegion(ctx, "broker.sync.record")
-	resp, err := s.recordSyncLocked(ctx, &req)
-	region.End()
+	if !call.done {
+		region := trace.StartRegion(ctx, "broker.sync.record")
+		s.recordSyncsLocked(ctx, s.syncs.take())
+		region.End()
+	}
+	resp, err := call.resp, call.err
 	if err != nil {
 		s.mu.Unlock()
 		return err
@@ -163,7 +170,7 @@ func (s *Server) sync(c echo.Context) error {
 		}
 		timer.Stop()
 		region.End()
-		s.mu.Lock()
+		s.lock()
 		if err := s.checkLeaderLocked(); err != nil {
 			s.mu.Unlock()
 			return err // orders never come from a broker that stopped leading
@@ -185,8 +192,130 @@ func reportedSet(req *agentapi.SyncRequest) map[agentapi.JobRef]agentapi.RunStat
 
 func refKey(r agentapi.JobRef) string { return r.Job + "/" + strconv.Itoa(r.Attempt) }
 
-// recordSyncLocked applies one heartbeat to the store and memory.
-func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest) (*agentapi.SyncResponse, error) {
+// syncCall is one agent report waiting to be recorded.
+type syncCall struct {
+	req *agentapi.SyncRequest
+	// resp and err are the report's answer, set under s.mu; done says
+	// they are set.
+	resp *agentapi.SyncResponse
+	err  error
+	done bool
+}
+
+// syncQueue holds the agent reports waiting for the broker's lock. The
+// next report handler to take the lock records every queued report in one
+// commit (recordSyncsLocked), so the reports of several agents share one
+// transaction and one hold of the lock, instead of each waiting in turn
+// for the others' commits.
+type syncQueue struct {
+	mu    sync.Mutex
+	calls []*syncCall
+}
+
+func (q *syncQueue) push(c *syncCall) {
+	q.mu.Lock()
+	q.calls = append(q.calls, c)
+	q.mu.Unlock()
+}
+
+func (q *syncQueue) take() []*syncCall {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	calls := q.calls
+	q.calls = nil
+	return calls
+}
+
+// failSyncsLocked answers every queued report with err: this broker does
+// not lead, and a report is never recorded in a later term than it came.
+func (s *Server) failSyncsLocked(err error) {
+	for _, c := range s.syncs.take() {
+		c.err, c.done = err, true
+	}
+}
+
+// syncPrep is one report's changes, computed and not yet written.
+type syncPrep struct {
+	call        *syncCall
+	resp        *agentapi.SyncResponse
+	node        *broker.Node
+	nodeChanged bool
+	reported    map[agentapi.JobRef]agentapi.RunState
+	extra       func(broker.Tx) error
+	logs        int
+}
+
+// recordSyncsLocked applies reports to the store, in one commit, and to
+// memory, and sets each call's answer. A report's job changes see those of
+// the reports before it in calls (a gang's members report from several
+// nodes).
+func (s *Server) recordSyncsLocked(ctx context.Context, calls []*syncCall) {
+	changed := map[string]*broker.Job{}
+	var preps []*syncPrep
+	for _, c := range calls {
+		p, err := s.prepareSyncLocked(ctx, c.req, changed)
+		if err != nil {
+			c.err, c.done = err, true
+			continue
+		}
+		p.call = c
+		preps = append(preps, p)
+	}
+	if len(preps) == 0 {
+		return
+	}
+	jobs := make([]*broker.Job, 0, len(changed))
+	for _, j := range changed {
+		jobs = append(jobs, j)
+	}
+	var nodes []*broker.Node
+	logs := 0
+	for _, p := range preps {
+		if p.nodeChanged {
+			nodes = append(nodes, p.node)
+		}
+		logs += p.logs
+	}
+	extra := func(tx broker.Tx) error {
+		for _, p := range preps {
+			if err := p.extra(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// Not tied to the one request that records them all.
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	if len(jobs) == 0 && len(nodes) == 0 && logs == 0 {
+		// Nothing to write: read the log offsets only.
+		err = s.store.View(ctx, extra)
+	} else {
+		err = s.commitLocked(ctx, jobs, nodes, extra)
+	}
+	if err != nil {
+		for _, p := range preps {
+			p.call.err, p.call.done = err, true
+		}
+		return
+	}
+	for _, p := range preps {
+		s.nodes[p.node.Name] = p.node // LastSeen lives in memory even when not written
+		p.resp.Start, p.resp.Stop = s.ordersLocked(p.node.Name, p.reported)
+		p.resp.Gang = s.gangOrdersLocked(p.node.Name)
+		p.call.resp, p.call.done = p.resp, true
+	}
+	for _, j := range jobs {
+		if !j.State.Holding() {
+			s.kick() // GPUs were freed
+			break
+		}
+	}
+}
+
+// prepareSyncLocked computes what one heartbeat changes: jobs into
+// changed (read there first), the node, and the log writes.
+func (s *Server) prepareSyncLocked(ctx context.Context, req *agentapi.SyncRequest, changed map[string]*broker.Job) (*syncPrep, error) {
 	old, ok := s.nodes[req.Node]
 	if !ok {
 		return nil, newError(http.StatusNotFound, "unknown_node", "node %s is not registered; register first", req.Node)
@@ -226,7 +355,6 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 
 	resp := &agentapi.SyncResponse{HeartbeatInterval: s.cfg().Agents.HeartbeatInterval.D(), LogOffsets: map[string]int64{}}
 	reported := reportedSet(req)
-	changed := map[string]*broker.Job{}
 	get := func(id string) *broker.Job {
 		if j, ok := changed[id]; ok {
 			return j
@@ -317,14 +445,6 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		}
 	}
 
-	jobs := make([]*broker.Job, 0, len(changed))
-	for _, j := range changed {
-		jobs = append(jobs, j)
-	}
-	var nodes []*broker.Node
-	if nodeChanged {
-		nodes = []*broker.Node{n}
-	}
 	logLimit := int64(s.cfg().Agents.LogLimit)
 	extra := func(tx broker.Tx) error {
 		for _, ch := range req.Logs {
@@ -350,24 +470,7 @@ func (s *Server) recordSyncLocked(ctx context.Context, req *agentapi.SyncRequest
 		}
 		return nil
 	}
-	if len(jobs) == 0 && len(nodes) == 0 && len(req.Logs) == 0 {
-		// Nothing to write: read the log offsets only.
-		if err := s.store.View(ctx, extra); err != nil {
-			return nil, err
-		}
-	} else if err := s.commitLocked(ctx, jobs, nodes, extra); err != nil {
-		return nil, err
-	}
-	s.nodes[n.Name] = n // LastSeen lives in memory even when not written
-	for _, j := range jobs {
-		if !j.State.Holding() {
-			s.kick() // GPUs were freed
-			break
-		}
-	}
-	resp.Start, resp.Stop = s.ordersLocked(n.Name, reported)
-	resp.Gang = s.gangOrdersLocked(n.Name)
-	return resp, nil
+	return &syncPrep{resp: resp, node: n, nodeChanged: nodeChanged, reported: reported, extra: extra, logs: len(req.Logs)}, nil
 }
 
 // ordersLocked derives the node's complete orders from state: start every

@@ -288,7 +288,7 @@ func (r *agreeRig) settle() {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		busy := ""
-		r.srv.mu.Lock()
+		r.srv.lock()
 		r.mu.Lock()
 		for _, rec := range r.srv.fleet.RecordsLocked() {
 			if !r.srv.fleet.WorkingLocked(rec.ID) {
@@ -335,7 +335,7 @@ func (r *agreeRig) ready(now time.Time) {
 	if len(due) > 0 {
 		r.settle()
 	}
-	r.srv.mu.Lock()
+	r.srv.lock()
 	defer r.srv.mu.Unlock()
 	for _, id := range due {
 		if st := r.srv.fleet.RecordLocked(id).State; st != broker.MachineReady {
@@ -352,7 +352,7 @@ func (r *agreeRig) agents() []*fakeAgent {
 	for _, id := range slices.Sorted(mapKeys(r.machines)) {
 		out = append(out, r.machines[id])
 	}
-	r.srv.mu.Lock()
+	r.srv.lock()
 	defer r.srv.mu.Unlock()
 	return slices.DeleteFunc(out, func(a *fakeAgent) bool {
 		rec := r.srv.fleet.RecordLocked(a.name)
@@ -406,7 +406,7 @@ func (r *agreeRig) step(now time.Time) {
 
 // done reports whether every job has ended and every machine is gone.
 func (r *agreeRig) done() bool {
-	r.srv.mu.Lock()
+	r.srv.lock()
 	defer r.srv.mu.Unlock()
 	if len(r.srv.jobs) > 0 || len(r.names) < len(agreeTrace) {
 		return false
@@ -439,7 +439,7 @@ func agreeLive(t *testing.T) agreeResult {
 	for id := range r.names {
 		jobs = append(jobs, r.job(id))
 	}
-	r.srv.mu.Lock()
+	r.srv.lock()
 	var rp []*broker.InstanceRecord
 	for _, rec := range r.srv.fleet.RecordsLocked() {
 		rp = append(rp, rec.Clone())

@@ -40,7 +40,8 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 	}
 	ctx := c.Request().Context()
 	audit, audited := s.auditInTx(c, http.StatusCreated)
-	if err := s.store.Update(ctx, func(tx broker.Tx) error {
+	s.submitted.window.RLock()
+	err = s.store.Update(ctx, func(tx broker.Tx) error {
 		if audit != nil {
 			if err := audit(tx); err != nil {
 				return err
@@ -52,16 +53,15 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 			}
 		}
 		return nil
-	}); err != nil {
+	})
+	if err == nil {
+		s.queueSubmitted(jobs...)
+	}
+	s.submitted.window.RUnlock()
+	if err != nil {
 		return fmt.Errorf("store array: %w", err)
 	}
 	audited()
-	s.mu.Lock()
-	for _, j := range jobs {
-		s.trackPendingLocked(nil, j)
-		s.jobs[j.ID] = j
-	}
-	s.mu.Unlock()
 	for _, j := range jobs {
 		s.metrics.observeTransition(nil, j)
 	}

@@ -186,13 +186,13 @@ func (r *burstRig) until(what string, max int, cond func() bool) {
 }
 
 func (r *burstRig) rec(id string) broker.InstanceRecord {
-	r.srv.mu.Lock()
+	r.srv.lock()
 	defer r.srv.mu.Unlock()
 	return *r.srv.fleet.RecordLocked(id)
 }
 
 func (r *burstRig) records() []broker.InstanceRecord {
-	r.srv.mu.Lock()
+	r.srv.lock()
 	defer r.srv.mu.Unlock()
 	var out []broker.InstanceRecord
 	for _, rec := range r.srv.fleet.RecordsLocked() {

@@ -241,7 +241,7 @@ func (s *Server) reportCheckpoint(c echo.Context) error {
 			return err
 		}
 	}
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	j, ok := s.jobs[id]
 	if !ok {
@@ -281,7 +281,7 @@ func (c *dataCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	for _, n := range s.nodes {
 		// A node whose agent has staged nothing yet reports an empty cache.

@@ -119,7 +119,7 @@ func (c *observeCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 	bound := s.cfg().Reports.StarvationAfter.D()

@@ -195,7 +195,7 @@ func (s *Server) enrol(c echo.Context) error {
 }
 
 func (s *Server) nodeRecord(name string) (*broker.Node, bool) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	n, ok := s.nodes[name]
 	return n, ok
@@ -273,7 +273,7 @@ func (s *Server) revokeNode(c echo.Context) error {
 	if len(revoked) == 0 {
 		return newError(http.StatusNotFound, "not_found", "node %s has no live credential", clip(name))
 	}
-	s.mu.Lock()
+	s.lock()
 	if n, ok := s.nodes[name]; ok && n.State != broker.NodeLost {
 		nn := cloneNode(n)
 		nn.State = broker.NodeLost

@@ -145,7 +145,7 @@ func TestExplainBurstBlockedByBudget(t *testing.T) {
 	h.cycle()
 	// The burst controller's reason, as its decision leaves it, comes first
 	// in the pending-reason field, followed by the scheduler's.
-	h.srv.mu.Lock()
+	h.srv.lock()
 	h.srv.burstWhy[j.ID] = broker.PendingReason{Code: burst.CodeBudget, Message: "burst blocked: budget nlp 4,980/5,000 USD this month"}
 	h.srv.mu.Unlock()
 	x := h.explain(tokAlice, j.ID)

@@ -41,7 +41,7 @@ type fleetState struct{ s *Server }
 
 var _ fleet.Broker = fleetState{}
 
-func (f fleetState) Lock()   { f.s.mu.Lock() }
+func (f fleetState) Lock()   { f.s.lock() }
 func (f fleetState) Unlock() { f.s.mu.Unlock() }
 
 func (f fleetState) MayDecide() bool { return f.s.mayDecideLocked() }
@@ -151,8 +151,13 @@ func (f fleetState) Commit(ctx context.Context, jobs []*broker.Job, dropNodes []
 		delete(s.nodes, n)
 		delete(s.telemetry, n)
 	}
+	if len(dropNodes) > 0 {
+		s.noteInventoryLocked()
+	}
 	return nil
 }
+
+func (f fleetState) OffersChanged() { f.s.noteInventoryLocked() }
 
 func (f fleetState) WakeNode(name string) { f.s.wakeNodeLocked(name) }
 

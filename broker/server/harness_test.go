@@ -52,6 +52,8 @@ type harness struct {
 	// logs is what every server this harness opened logged (text, INFO
 	// and up).
 	logs logBuffer
+	// wrap, when set, wraps the store the server is given.
+	wrap func(broker.Store) broker.Store
 }
 
 // logBuffer collects a server's log for a test to read: the first 8 MiB,
@@ -120,7 +122,11 @@ func (h *harness) open(cfg *config.Config) {
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	opts := h.opts
 	opts.Clock, opts.Logger = h.clock, slog.New(slog.NewTextHandler(&h.logs, nil))
-	srv, err := New(h.ctx, cfg, st, opts)
+	var given broker.Store = st
+	if h.wrap != nil {
+		given = h.wrap(st)
+	}
+	srv, err := New(h.ctx, cfg, given, opts)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -242,19 +248,7 @@ func (a *fakeAgent) register(gpus int) {
 // applies stop orders as immediate exits by signal, forgets acked ones.
 func (a *fakeAgent) sync() agentapi.SyncResponse {
 	a.h.t.Helper()
-	req := agentapi.SyncRequest{Node: a.name, Generation: a.gen}
-	if a.util != nil {
-		s := gpu.Sample{At: a.h.clock.Now()}
-		for i := 0; i < a.gpus; i++ {
-			s.Devices = append(s.Devices, gpu.DeviceSample{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", a.name, i),
-				SMUtil: *a.util, MemoryUsedBytes: int64(i) << 30})
-		}
-		req.Telemetry = &s
-	}
-	for _, r := range a.jobs {
-		req.Jobs = append(req.Jobs, *r)
-	}
-	req.Notices = a.notices
+	req := a.request()
 	var resp agentapi.SyncResponse
 	tok := tokAgent
 	if a.token != "" {
@@ -277,6 +271,24 @@ func (a *fakeAgent) sync() agentapi.SyncResponse {
 	}
 	a.last = resp
 	return resp
+}
+
+// request is the heartbeat the agent sends next.
+func (a *fakeAgent) request() agentapi.SyncRequest {
+	req := agentapi.SyncRequest{Node: a.name, Generation: a.gen}
+	if a.util != nil {
+		s := gpu.Sample{At: a.h.clock.Now()}
+		for i := 0; i < a.gpus; i++ {
+			s.Devices = append(s.Devices, gpu.DeviceSample{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", a.name, i),
+				SMUtil: *a.util, MemoryUsedBytes: int64(i) << 30})
+		}
+		req.Telemetry = &s
+	}
+	for _, r := range a.jobs {
+		req.Jobs = append(req.Jobs, *r)
+	}
+	req.Notices = a.notices
+	return req
 }
 
 // replaced reports whether a newer agent took over this burst machine.

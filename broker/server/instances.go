@@ -17,7 +17,7 @@ import (
 
 func (s *Server) instanceViews(c echo.Context, only string) ([]api.InstanceView, error) {
 	now := s.clock.Now()
-	s.mu.Lock()
+	s.lock()
 	var views []api.InstanceView
 	for _, r := range s.fleet.RecordsLocked() {
 		id := r.ID
@@ -78,7 +78,7 @@ func (s *Server) getInstance(c echo.Context) error {
 	}
 	if len(views) == 0 {
 		// A unique prefix names the machine too, with or without "spw-".
-		s.mu.Lock()
+		s.lock()
 		var ids []string
 		for _, r := range s.fleet.RecordsLocked() {
 			ids = append(ids, r.ID)

@@ -38,25 +38,13 @@ func (s *Server) configSpecLimits() broker.SpecLimits {
 
 // specLimits is the config's limits plus what the live inventory and the
 // burst offers allow: no job may ask for more GPUs per node than the
-// largest node or cloud offer has.
-func (s *Server) specLimitsLocked() broker.SpecLimits {
+// largest node or cloud offer has. It reads the inventory as last
+// published (noteInventoryLocked), without s.mu.
+func (s *Server) specLimits() broker.SpecLimits {
 	lim := s.configSpecLimits()
-	largest, mem := 0, int64(0)
-	for _, n := range s.nodes {
-		largest = max(largest, len(n.Inventory.Devices))
-		for _, d := range n.Inventory.Devices {
-			mem = max(mem, d.MemoryBytes)
-		}
-	}
-	for o := range s.fleet.AllOffersLocked() {
-		if o.Available {
-			largest = max(largest, o.GPUs)
-			mem = max(mem, o.GPUMemoryBytes)
-		}
-	}
-	if largest > 0 {
-		lim.MaxGPUs = largest
-		lim.MaxGPUMemory = mem
+	if l := s.invLimits.Load(); l != nil && l.gpus > 0 {
+		lim.MaxGPUs = l.gpus
+		lim.MaxGPUMemory = l.mem
 	}
 	return lim
 }
@@ -101,9 +89,7 @@ func (s *Server) submit(c echo.Context) error {
 			return e
 		}
 	}
-	s.mu.Lock()
-	lim := s.specLimitsLocked()
-	s.mu.Unlock()
+	lim := s.specLimits()
 	spec.Normalize(callerTeam, lim)
 	if err := spec.Validate(lim); err != nil {
 		return err
@@ -112,7 +98,7 @@ func (s *Server) submit(c echo.Context) error {
 		return err
 	}
 	if spec.Resources.GPUModel != "" {
-		s.mu.Lock()
+		s.lock()
 		err = s.unsatisfiableLocked(spec)
 		s.mu.Unlock()
 		if err != nil {
@@ -151,6 +137,7 @@ func (s *Server) submit(c echo.Context) error {
 	var prior *broker.Job
 	// The call's audit record (201) goes in the job's own transaction.
 	audit, audited := s.auditInTx(c, http.StatusCreated)
+	s.submitted.window.RLock()
 	err = s.store.Batch(ctx, func(tx broker.Tx) error {
 		prior = nil
 		if audit != nil {
@@ -169,6 +156,10 @@ func (s *Server) submit(c echo.Context) error {
 		}
 		return broker.PutJobEncoded(tx, j, enc)
 	})
+	if err == nil && prior == nil {
+		s.queueSubmitted(j)
+	}
+	s.submitted.window.RUnlock()
 	region.End()
 	if err == nil {
 		audited()
@@ -186,10 +177,6 @@ func (s *Server) submit(c echo.Context) error {
 		s.overlayReason(prior)
 		return c.JSON(http.StatusCreated, prior)
 	}
-	s.mu.Lock()
-	s.trackPendingLocked(nil, j)
-	s.jobs[j.ID] = j
-	s.mu.Unlock()
 	s.metrics.submitted.WithLabelValues(j.Spec.Queue).Inc()
 	s.metrics.observeTransition(nil, j)
 	s.log.Info("job submitted", "job", j.ID, "team", j.Spec.Team, "queue", j.Spec.Queue, "gpus", j.TotalGPUs(), "user", p.Name)
@@ -246,7 +233,7 @@ func (s *Server) overlayReasons(jobs []*broker.Job) {
 	if !waiting {
 		return
 	}
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	for _, j := range jobs {
 		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
@@ -333,7 +320,7 @@ func (s *Server) cancel(c echo.Context) error {
 	}
 	p := principal(c)
 	ctx := c.Request().Context()
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	cur, ok := s.jobs[j.ID]
 	if !ok {

@@ -125,7 +125,7 @@ func (s *Server) lead(ctx context.Context) {
 // takeOver starts a term: fence the store with the term's token, reload
 // the in-memory view, and give agents their grace period.
 func (s *Server) takeOver(ctx context.Context, token uint64) error {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if f, ok := s.store.(broker.Fenced); ok {
 		f.SetFence(token)
@@ -153,7 +153,7 @@ func (s *Server) takeOver(ctx context.Context, token uint64) error {
 func (s *Server) endTerm(t *term, why string) {
 	t.cancel()
 	<-t.done
-	s.mu.Lock()
+	s.lock()
 	s.ha.term.Store(0)
 	s.resetLocked()
 	s.mu.Unlock()
@@ -171,7 +171,7 @@ func (s *Server) graceLocked() {
 // way back from an outage gives agents a new grace period before any
 // decision, since their heartbeats could not be recorded meanwhile.
 func (s *Server) noteStore(err error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	switch {
 	case err != nil && !s.ha.storeDown:
@@ -194,6 +194,7 @@ func (s *Server) resetLocked() {
 		close(ch)
 	}
 	s.jobs = map[string]*broker.Job{}
+	s.dropSubmittedLocked()
 	s.nodes = map[string]*broker.Node{}
 	s.byNode = map[string]map[string]bool{}
 	s.reasons = map[string]sched.Reason{}
@@ -202,6 +203,7 @@ func (s *Server) resetLocked() {
 	s.scheduling = scheduling{}
 	s.burstWhy = map[string]broker.PendingReason{}
 	s.fleet.ResetLocked()
+	s.noteInventoryLocked()
 	s.telemetry = map[string]*gpu.Sample{}
 	s.owners = map[string]map[int]string{}
 	s.tele = telemetryState{open: map[gpuKey]*accum{}}

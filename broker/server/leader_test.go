@@ -243,7 +243,7 @@ func TestStepDownDropsState(t *testing.T) {
 		t.Fatal("parked sync not woken by the step-down")
 	}
 	v := reflect.ValueOf(h.srv).Elem()
-	h.srv.mu.Lock()
+	h.srv.lock()
 	defer h.srv.mu.Unlock()
 	for i := 0; i < v.NumField(); i++ {
 		if f := v.Field(i); nonEmptyMaps(f) {

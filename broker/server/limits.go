@@ -86,7 +86,8 @@ func (s *Server) pendingRoomLocked(team string, n int) error {
 }
 
 // trackPendingLocked keeps limits.pending equal to the pending jobs in
-// memory as job old becomes j (either may be nil).
+// memory, and the submitted ones on their way there (submitted.go), as
+// job old becomes j (either may be nil).
 func (s *Server) trackPendingLocked(old, j *broker.Job) {
 	was := old != nil && old.State == broker.StatePending
 	is := j != nil && j.State == broker.StatePending && !j.State.Terminal()

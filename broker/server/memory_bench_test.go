@@ -164,7 +164,7 @@ auth:
 
 // pendingCount is the number of pending jobs in memory.
 func (s *Server) pendingCount() int {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	n := 0
 	for _, j := range s.jobs {

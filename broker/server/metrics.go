@@ -102,7 +102,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	type key struct{ a, b string }
 	jobs := map[key]int{}

@@ -71,14 +71,14 @@ func (s *Server) nodeViewsLocked() []api.NodeView {
 }
 
 func (s *Server) listNodes(c echo.Context) error {
-	s.mu.Lock()
+	s.lock()
 	views := s.nodeViewsLocked()
 	s.mu.Unlock()
 	return c.JSON(http.StatusOK, map[string]any{"nodes": redactNodeViews(views, principal(c))})
 }
 
 func (s *Server) getNode(c echo.Context) error {
-	s.mu.Lock()
+	s.lock()
 	views := s.nodeViewsLocked()
 	s.mu.Unlock()
 	views = redactNodeViews(views, principal(c))

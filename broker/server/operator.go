@@ -42,7 +42,7 @@ func (s *Server) nodeControl(action string) echo.HandlerFunc {
 		}
 		p := principal(c)
 		ctx := c.Request().Context()
-		s.mu.Lock()
+		s.lock()
 		defer s.mu.Unlock()
 		if err := s.checkLeaderLocked(); err != nil {
 			return err
@@ -105,7 +105,7 @@ func (s *Server) jobControl(action string) echo.HandlerFunc {
 		}
 		p := principal(c)
 		ctx := c.Request().Context()
-		s.mu.Lock()
+		s.lock()
 		defer s.mu.Unlock()
 		if err := s.checkLeaderLocked(); err != nil {
 			return err

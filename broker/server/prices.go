@@ -44,7 +44,7 @@ func (s *Server) refreshPrices(c echo.Context) error {
 // when want is not empty) and whether want names a configured provider;
 // only the leader answers.
 func (s *Server) priceRefreshers(want string) (map[string]providers.PriceRefresher, bool, error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.checkLeaderLocked(); err != nil {
 		return nil, false, err

@@ -17,7 +17,7 @@ import (
 // counts.
 func (s *Server) listQueues(c echo.Context) error {
 	p := principal(c)
-	s.mu.Lock()
+	s.lock()
 	views := make([]api.QueueView, 0, len(s.cfg().Queues))
 	index := map[string]int{}
 	for i, q := range s.cfg().Queues {

@@ -124,7 +124,7 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 		_, err = adapters.Parse(next)
 	}
 	if err == nil {
-		s.mu.Lock()
+		s.lock()
 		err = s.checkReloadLocked(next)
 		s.mu.Unlock()
 	}
@@ -163,7 +163,7 @@ func (s *Server) Reload(ctx context.Context, by string) (api.ReloadResult, error
 	rs.base = written
 	rec := broker.AuditRecord{At: s.clock.Now(), By: by, Action: "config.reload", Target: rs.file,
 		Old: "", New: reloadSummary(res)}
-	s.mu.Lock()
+	s.lock()
 	err = s.store.Batch(ctx, func(tx broker.Tx) error { return broker.Audit(tx, rec) })
 	if err == nil {
 		s.applyConfigLocked(&merged, sections)

@@ -20,7 +20,7 @@ type reportSource struct{ s *Server }
 
 // Read holds s.mu while fn reads the view.
 func (r reportSource) Read(fn func(report.View)) {
-	r.s.mu.Lock()
+	r.s.lock()
 	defer r.s.mu.Unlock()
 	fn(lockedView{r.s})
 }

@@ -185,7 +185,7 @@ func (s *Server) burstRuntime(provider string) *jobrt.Config {
 // topImages are the n images most waiting and running jobs name, most
 // first (ties by name).
 func (s *Server) topImages(n int) []string {
-	s.mu.Lock()
+	s.lock()
 	count := map[string]int{}
 	for _, j := range s.jobs {
 		if j.Spec.Image != "" && !j.State.Terminal() {

@@ -89,8 +89,17 @@ type Server struct {
 	// are reused between cycles).
 	cycleMu sync.Mutex
 	// mu guards the leader's in-memory view below. Every change is written
-	// to the store first, under mu, then applied here.
+	// to the store first, under mu, then applied here; new jobs are written
+	// without it and applied by the next holder (submitted.go). Take it
+	// with lock, never directly.
 	mu sync.Mutex
+	// submitted is the jobs committed by submits and not yet in memory.
+	submitted submittedJobs
+	// syncs is the agent reports waiting for mu (agents.go).
+	syncs syncQueue
+	// invLimits is the inventory's spec limits (noteInventoryLocked),
+	// read by submits without mu.
+	invLimits atomic.Pointer[inventoryLimits]
 	// tokenSt is the auth tokens in force (tokens.go); its own lock.
 	tokenSt tokenState
 	// jobs holds every non-terminal job, kept equal to the store's active
@@ -215,6 +224,11 @@ func (s *Server) load(ctx context.Context) error {
 	if err := s.store.Update(ctx, broker.EnsureTeamIndex); err != nil {
 		return fmt.Errorf("build the team index: %w", err)
 	}
+	// No submit is between its commit and its queue while the store is
+	// read: each new job is either read here or queued after.
+	s.submitted.window.Lock()
+	defer s.submitted.window.Unlock()
+	s.dropSubmittedLocked()
 	return s.store.View(ctx, func(tx broker.Tx) error {
 		jobs, err := broker.ActiveJobs(tx)
 		if err != nil {
@@ -239,6 +253,7 @@ func (s *Server) load(ctx context.Context) error {
 		for _, n := range nodes {
 			s.nodes[n.Name] = n
 		}
+		s.noteInventoryLocked()
 		s.recountPendingLocked()
 		s.log.Info("state loaded", "active_jobs", len(jobs), "nodes", len(nodes))
 		return nil

@@ -122,7 +122,7 @@ func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []api.Slu
 	var down []api.SlurmNodeResult
 	for _, name := range names {
 		r := api.SlurmNodeResult{Node: name}
-		s.mu.Lock()
+		s.lock()
 		wctx := s.slurm.ctx
 		live := s.liveSlurmRecordLocked(name)
 		s.mu.Unlock()
@@ -147,7 +147,7 @@ func (s *Server) ResumeSlurm(ctx context.Context, names []string, jobs []api.Slu
 			res.Nodes = append(res.Nodes, r)
 			continue
 		}
-		s.mu.Lock()
+		s.lock()
 		offers := s.slurmOffersLocked(entry)
 		if len(offers) == 0 {
 			s.mu.Unlock()
@@ -312,7 +312,7 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (api.SlurmRes
 	var res api.SlurmResult
 	for _, name := range names {
 		r := api.SlurmNodeResult{Node: name, Action: "none"}
-		s.mu.Lock()
+		s.lock()
 		wctx := s.slurm.ctx
 		live := s.liveSlurmRecordLocked(name)
 		s.mu.Unlock()
@@ -342,7 +342,7 @@ func (s *Server) SuspendSlurm(ctx context.Context, names []string) (api.SlurmRes
 		if err != nil {
 			return res, err
 		}
-		s.mu.Lock()
+		s.lock()
 		s.fleet.StartWorkerLocked(wctx, live.ID, s.slurmSuspendWorker)
 		s.mu.Unlock()
 		res.Nodes = append(res.Nodes, r)
@@ -596,7 +596,7 @@ func (s *Server) slurmLoop(ctx context.Context) {
 	if s.cfg().Slurm == nil {
 		return
 	}
-	s.mu.Lock()
+	s.lock()
 	s.slurm.ctx = ctx
 	for _, r := range s.fleet.RecordsLocked() {
 		id := r.ID
@@ -606,7 +606,7 @@ func (s *Server) slurmLoop(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	defer func() {
-		s.mu.Lock()
+		s.lock()
 		s.slurm.ctx = nil
 		s.mu.Unlock()
 	}()
@@ -622,7 +622,7 @@ func (s *Server) slurmLoop(ctx context.Context) {
 
 // pollSlurmJobs asks squeue for the jobs on every live Slurm node.
 func (s *Server) pollSlurmJobs(ctx context.Context) {
-	s.mu.Lock()
+	s.lock()
 	var nodes []string
 	for _, r := range s.fleet.RecordsLocked() {
 		if r.SlurmNode != "" && r.LaunchedAt != nil && !r.State.Ended() {
@@ -649,7 +649,7 @@ func (s *Server) pollSlurmJobs(ctx context.Context) {
 // node that squeue no longer lists ended by now.
 func (s *Server) mergeSlurmJobs(ctx context.Context, queried []string, jobs []slurm.Job) {
 	now := s.clock.Now()
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	byNode := map[string][]slurm.Job{}
 	listed := map[string]bool{}

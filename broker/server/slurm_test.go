@@ -84,7 +84,7 @@ func TestSlurmResume(t *testing.T) {
 	}
 	go h.srv.slurmLoop(h.ctx) // a leader task (the harness runs none)
 	waitUntil(t, "the leader's slurm loop runs", func() bool {
-		h.srv.mu.Lock()
+		h.srv.lock()
 		defer h.srv.mu.Unlock()
 		return h.srv.slurm.ctx != nil
 	})
@@ -109,7 +109,7 @@ func TestSlurmResume(t *testing.T) {
 	if len(res.Nodes) != 3 || res.Nodes[0] != want[0] || res.Nodes[1] != want[1] || res.Nodes[2] != want[2] {
 		t.Fatalf("refused resume: %+v", res.Nodes)
 	}
-	h.srv.mu.Lock()
+	h.srv.lock()
 	n := len(h.srv.fleet.RecordsLocked())
 	h.srv.mu.Unlock()
 	if n != 0 || len(cloud.CreateCalls) != 0 {
@@ -194,7 +194,7 @@ func TestSlurmAllocs(t *testing.T) {
 	launched, ended := t0, t0.Add(time.Hour)
 	h, _ := slurmHarness(t) // its provider "cloud" is a cloud pool
 	s := h.srv
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	err := s.fleet.PutRecordLocked(h.ctx, &broker.InstanceRecord{ID: "spw-1", Provider: "cloud", Team: "nlp", SlurmNode: "burst-1",
 		State: broker.MachineTerminated, Offer: providers.Offer{InstanceType: "small", GPUModel: "H100", GPUs: 1}, LaunchedAt: &launched, TerminatedAt: &ended,
@@ -229,7 +229,7 @@ func TestMergeSlurmJobs(t *testing.T) {
 		{ID: "spw-2", Provider: "cloud", State: broker.MachineReady, SlurmNode: "burst-2", LaunchedAt: &launched,
 			SlurmJobs: []slurm.Job{{ID: "6", GPUs: 1, Start: t0.Add(time.Minute)}}},
 	} {
-		h.srv.mu.Lock()
+		h.srv.lock()
 		err := h.srv.fleet.PutRecordLocked(h.ctx, r, nil, nil)
 		h.srv.mu.Unlock()
 		if err != nil {

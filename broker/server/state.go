@@ -38,7 +38,10 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 	}
 	now := s.clock.Now()
 	defer trace.StartRegion(ctx, "broker.commit").End()
-	err := s.store.Update(ctx, func(tx broker.Tx) error {
+	// Batch: the commit shares its fsync with the submits and the other
+	// commits of the moment (group commit); fn reads memory the caller's
+	// lock holds still, and writes only the transaction.
+	err := s.store.Batch(ctx, func(tx broker.Tx) error {
 		for _, j := range jobs {
 			if err := broker.PutJob(tx, j); err != nil {
 				return err
@@ -107,6 +110,9 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 	for _, n := range nodes {
 		s.nodes[n.Name] = n
 	}
+	if len(nodes) > 0 {
+		s.noteInventoryLocked()
+	}
 	return nil
 }
 
@@ -136,7 +142,7 @@ func (s *Server) holdingOnLocked(node string) []*broker.Job {
 func (s *Server) Cycle(ctx context.Context) error {
 	s.cycleMu.Lock()
 	defer s.cycleMu.Unlock()
-	s.mu.Lock()
+	s.lock()
 	if !s.mayDecideLocked() {
 		s.mu.Unlock()
 		return nil // a standby, or the store is unreachable (leader.go)
@@ -165,7 +171,7 @@ func (s *Server) Cycle(ctx context.Context) error {
 	r.End()
 	s.metrics.cycleSeconds.Observe(time.Since(t0).Seconds())
 
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if !s.mayDecideLocked() {
 		return nil

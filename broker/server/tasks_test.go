@@ -48,7 +48,7 @@ func TestBurstWorkersOwned(t *testing.T) {
 	var ended atomic.Bool
 	go func() {
 		s.runTerm(ctx, []func(context.Context){func(ctx context.Context) {
-			s.mu.Lock()
+			s.lock()
 			s.fleet.StartWorkerLocked(ctx, "m1", func(wctx context.Context, id string) {
 				close(started)
 				<-wctx.Done()
@@ -65,7 +65,7 @@ func TestBurstWorkersOwned(t *testing.T) {
 	if !ended.Load() {
 		t.Fatal("the term ended before its burst worker")
 	}
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if s.fleet.WorkingLocked("m1") {
 		t.Fatal("the worker's id is still marked working")

@@ -65,6 +65,7 @@ type options struct {
 	timeoutSlack  time.Duration
 	traceFile     string
 	cpuProfile    string
+	mutexProfile  string
 	verbose       bool
 	schedInterval time.Duration
 	teamQuota     int
@@ -87,6 +88,7 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&o.timeoutSlack, "timeout-slack", 5*time.Second, "declared timeout of a job: its duration plus this")
 	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the broker and agents here (go tool trace FILE)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replay here (go tool pprof FILE)")
+	fs.StringVar(&o.mutexProfile, "mutexprofile", "", "write the replay's mutex contention profile here, by the stack that held the lock (go tool pprof FILE)")
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
@@ -322,6 +324,8 @@ type result struct {
 	submitS  float64 // first submit call to last submit answer
 	firstSub time.Time
 	calls    int
+	rtts     []float64 // each single submit's round trip, seconds
+	cpuS     float64   // this process's CPU (broker, submitters) over the replay
 }
 
 func replay(o options, items []Item) (*result, error) {
@@ -361,6 +365,16 @@ func replay(o options, items []Item) (*result, error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if o.mutexProfile != "" {
+		runtime.SetMutexProfileFraction(1)
+		defer func() {
+			runtime.SetMutexProfileFraction(0)
+			if f, err := os.Create(o.mutexProfile); err == nil {
+				_ = pprof.Lookup("mutex").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
+	}
 	clients := map[string]*client.Client{}
 	for t, tok := range c.tokens {
 		clients[t] = client.New(c.url, tok)
@@ -379,13 +393,19 @@ func replay(o options, items []Item) (*result, error) {
 		}
 	}
 	submitOne := func(it Item) {
+		t := time.Now()
 		j, err := clients[it.Team].SubmitSpec(ctx, specFor(it, o))
+		rtt := time.Since(t).Seconds()
 		if err != nil {
 			record(nil, fmt.Errorf("submit %s: %w", it.ID, err))
 			return
 		}
 		record([]submitted{{it, j.ID}}, nil)
+		mu.Lock()
+		res.rtts = append(res.rtts, rtt)
+		mu.Unlock()
 	}
+	cpu0 := processCPU()
 	t0 := time.Now()
 	res.t0 = t0
 	at := func(it Item) {
@@ -444,6 +464,7 @@ func replay(o options, items []Item) (*result, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	res.cpuS = processCPU() - cpu0
 	if o.traceFile != "" {
 		trace.Stop()
 	}
@@ -550,6 +571,9 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 	}
 	fmt.Fprintf(w, ", %d agents × %d GPUs, preemptible low: %v, team quota: %d GPUs, GOMAXPROCS %d\n", o.agents, o.gpusPerAgent, o.preemptLow, o.teamQuota, runtime.GOMAXPROCS(0))
 	fmt.Fprintf(w, "  submitted in     %.2f s (%.0f submits/s)\n", r.submitS, float64(len(items))/r.submitS)
+	if len(r.rtts) > 0 {
+		fmt.Fprintf(w, "  submit round trip p50/p99 %.2f / %.2f ms\n", 1000*percentile(r.rtts, 0.5), 1000*percentile(r.rtts, 0.99))
+	}
 	fmt.Fprintf(w, "  jobs started/s   %.0f (%d starts in %.2f s from the first submit)\n", float64(len(all))/startSpan, len(all), startSpan)
 	fmt.Fprintf(w, "  makespan         %.2f s, lower bound %.2f s (%.3f×)\n", makespan, lb, makespan/lb)
 	fmt.Fprintf(w, "  wait p50/p99     all %.3f / %.3f s", percentile(all, 0.5), percentile(all, 0.99))
@@ -559,6 +583,7 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 		}
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  CPU, this process %.2f s (%.2f ms a job: broker and submitters; until every job ended)\n", r.cpuS, 1000*r.cpuS/float64(len(items)))
 	fmt.Fprintf(w, "  GPU utilisation  %.1f%% (GPU-seconds held by running processes / (%d GPUs × makespan))\n", 100*busy/(float64(gpus)*makespan), gpus)
 	if failed > 0 {
 		fmt.Fprintf(w, "  NOT SUCCEEDED    %d jobs\n", failed)
@@ -615,4 +640,13 @@ func runSeconds(j *broker.Job) float64 {
 		}
 	}
 	return total
+}
+
+// processCPU is this process's user and system CPU so far, in seconds.
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
