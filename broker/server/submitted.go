@@ -88,10 +88,12 @@ func (s *Server) noteInventoryLocked() {
 			l.mem = max(l.mem, d.MemoryBytes)
 		}
 	}
-	for o := range s.fleet.AllOffersLocked() {
-		if o.Available {
-			l.gpus = max(l.gpus, o.GPUs)
-			l.mem = max(l.mem, o.GPUMemoryBytes)
+	if s.fleet != nil { // nil while New loads the store, before any offer is known
+		for o := range s.fleet.AllOffersLocked() {
+			if o.Available {
+				l.gpus = max(l.gpus, o.GPUs)
+				l.mem = max(l.mem, o.GPUMemoryBytes)
+			}
 		}
 	}
 	s.invLimits.Store(&l)
