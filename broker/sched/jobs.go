@@ -51,9 +51,6 @@ type cycle struct {
 	running []rjob
 	rplaces []placeRef
 	pending []pjob
-	// pendID[k] and pendJob[k] are pending[k]'s id and job once ordered.
-	pendID  []string
-	pendJob []*broker.Job
 	keys    []sortKey
 	sizeRef int
 	// preemptible counts running jobs that could be preempted; pMinClass
@@ -64,17 +61,20 @@ type cycle struct {
 	pMinClass   int32
 	pBatch      bool
 
-	plan        Plan
-	pendBuf     []Pending
-	rctx        *reasonCtx // this cycle's reason table, new every cycle
-	fitFailed   map[fitKey]bool
-	fitBits     []uint64 // fitBits[cons*64+g] has bit n when that shape found no place
-	drainNodes  int      // nodes in drainSet
-	stops       []Stop
-	starts      []Start
-	preemptions []Preemption
-	resv        reservation
-	failed      map[failKey]bool
+	plan      Plan
+	pendBuf   []Pending
+	rctx      *reasonCtx // this cycle's reason table, new every cycle
+	fitFailed map[fitKey]bool
+	fitBits   []uint64 // fitBits[cons*64+g] has bit n when that shape found no place
+	// everKnown[cons*64+g] has bit n when canEverFit was computed for
+	// that shape (without CPU and memory), everFits when it was true.
+	everKnown, everFits []uint64
+	drainNodes          int // nodes in drainSet
+	stops               []Stop
+	starts              []Start
+	preemptions         []Preemption
+	resv                reservation
+	failed              map[failKey]bool
 	// lastVictims and lastNodes are the last successful preemption's.
 	lastVictims []int32
 	lastNodes   []int32
@@ -85,9 +85,14 @@ type cycle struct {
 	scratch scratch
 
 	jc jobCache
-	// tqpMap, projMap and consMap take jc's interned names to this
-	// cycle's entries (-1: not looked up yet).
-	tqpMap, projMap, consMap []int32
+	// tqpMap, projMap, consMap and shapeMap take jc's interned names to
+	// this cycle's entries (-1: not looked up yet).
+	tqpMap, projMap, consMap, shapeMap []int32
+	// shapeIdx numbers this cycle's job shapes (shapeKeyOf);
+	// shapeFailed[s] has bit f when a preemption search with flags f
+	// (and needFree 0) failed for shape s.
+	shapeIdx    map[failKey]int32
+	shapeFailed []uint64
 }
 
 // placeRef is one node's share of a running job.
@@ -130,6 +135,7 @@ type pjob struct {
 	g, n                 int   // cards per node, nodes
 	share                int64 // memory per card when it may share a card, else 0
 	cons                 int32
+	shape                int32 // this cycle's number for shapeKeyOf(p)
 	cpu                  float64
 	mem                  int64
 	timeout              int64
@@ -227,9 +233,13 @@ func (c *cycle) reset(s *Snapshot) {
 		c.consIdx = map[consKey]int32{}
 		c.failed = map[failKey]bool{}
 		c.fitFailed = map[fitKey]bool{}
+		c.shapeIdx = map[failKey]int32{}
 	}
+	clear(c.shapeIdx)
+	c.shapeFailed = c.shapeFailed[:0]
 	clear(c.fitFailed)
 	c.fitBits = c.fitBits[:0]
+	c.everKnown, c.everFits = c.everKnown[:0], c.everFits[:0]
 	clear(c.teamIdx)
 	clear(c.projIdx)
 	clear(c.queueIdx)
@@ -341,6 +351,18 @@ func modelMatches(have, want string) bool {
 	return false
 }
 
+// shapeOf numbers p's shapeKeyOf in this cycle.
+func (c *cycle) shapeOf(p *pjob) int32 {
+	k := shapeKeyOf(p)
+	if i, ok := c.shapeIdx[k]; ok {
+		return i
+	}
+	i := int32(len(c.shapeFailed))
+	c.shapeIdx[k] = i
+	c.shapeFailed = append(c.shapeFailed, 0)
+	return i
+}
+
 func (c *cycle) classOf(name string) int32 { return int32(c.pol.Priorities[name]) }
 
 // burstCode is a job's burst policy in one byte.
@@ -419,7 +441,7 @@ func (c *cycle) loadJobs() {
 		c.queueOf(name)
 	}
 	c.scratch.names = names
-	hold := c.scratch.hold[:0]
+	hold, bound := c.scratch.hold[:0], c.scratch.bound[:0]
 	c.beginCycle(len(s.Jobs))
 	look := c.lookAtJobs()
 	for k, j := range s.Jobs {
@@ -428,8 +450,13 @@ func (c *cycle) loadJobs() {
 			hold = append(hold, j)
 		case lookPending:
 			c.addPending(j, k, int(look[k].rev))
+		case lookProvisioning:
+			if j.Machine != "" {
+				bound = append(bound, j)
+			}
 		}
 	}
+	c.scratch.bound = bound
 	c.endCycle()
 	slices.SortFunc(hold, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
 	c.scratch.hold = hold
@@ -455,6 +482,7 @@ const (
 	lookOther uint8 = iota
 	lookPending
 	lookHolding
+	lookProvisioning
 )
 
 // lookAtJobs reads each job's state and revision in a loop that does
@@ -471,6 +499,8 @@ func (c *cycle) lookAtJobs() []jobLook {
 			l.kind = lookPending
 		case j.State.Holding():
 			l.kind = lookHolding
+		case j.State == broker.StateProvisioning:
+			l.kind = lookProvisioning
 		}
 		look = append(look, l)
 	}
@@ -675,20 +705,12 @@ func (c *cycle) order() {
 		rank[k.idx] = int32(r)
 	}
 	c.scratch.rank = rank
-	// The ids and records the plan names come along in the same pass, read
-	// in the order the cache keeps them.
 	n := len(c.pending)
 	ordered := slices.Grow(c.scratch.ordered[:0], n)[:n]
-	ids := slices.Grow(c.pendID[:0], n)[:n]
-	jobs := slices.Grow(c.pendJob[:0], n)[:n]
 	for i := range c.pending {
-		r := rank[i]
-		ordered[r] = c.pending[i]
-		d := &c.jc.recs[c.pending[i].rec]
-		ids[r], jobs[r] = d.id, d.j
+		ordered[rank[i]] = c.pending[i]
 	}
 	c.pending, c.scratch.ordered = ordered, c.pending
-	c.pendID, c.pendJob = ids, jobs
 }
 
 // radixSort sorts a by key (LSD, 11 bits a pass, stable), skipping passes

@@ -55,7 +55,8 @@ func (c *cycle) walk() {
 		}
 		pos[p.queue]++
 		r.pos = pos[p.queue]
-		c.plan.Pending = append(c.plan.Pending, Pending{Job: c.pendID[pi], Reason: r, j: c.pendJob[pi]})
+		ref := &c.jc.refs[p.rec]
+		c.plan.Pending = append(c.plan.Pending, Pending{Job: ref.id, Reason: r, j: ref.j})
 	}
 }
 
@@ -161,8 +162,29 @@ func (c *cycle) blocked(pi int32, r *Reason, miss miss, sawBackfill bool) {
 }
 
 // canEverFit reports whether some ready node (or gang group) has enough
-// healthy cards for the job, whoever holds them now.
+// healthy cards for the job, whoever holds them now. Nodes do not change
+// during a cycle: the answer for a shape without CPU or memory is kept.
 func (c *cycle) canEverFit(p *pjob) bool {
+	if p.cpu != 0 || p.mem != 0 || p.g <= 0 || p.g >= 64 || p.n >= 64 {
+		return c.everFit(p)
+	}
+	word, bit := int(p.cons)*64+p.g, uint64(1)<<uint(p.n)
+	if word < len(c.everKnown) && c.everKnown[word]&bit != 0 {
+		return c.everFits[word]&bit != 0
+	}
+	for len(c.everKnown) <= word {
+		c.everKnown, c.everFits = append(c.everKnown, 0), append(c.everFits, 0)
+	}
+	ok := c.everFit(p)
+	c.everKnown[word] |= bit
+	if ok {
+		c.everFits[word] |= bit
+	}
+	return ok
+}
+
+// everFit is canEverFit computed.
+func (c *cycle) everFit(p *pjob) bool {
 	if p.g <= 0 {
 		return false
 	}
