@@ -23,8 +23,8 @@ import (
 type jobCache struct {
 	slot map[*broker.Job]int32
 	recs []derived
-	// refs[i] is the job and id of recs[i], apart so that the walk, which
-	// reads them in scheduling order, finds them in a dense array.
+	// refs[i] is the job and id of recs[i]: apart, so that the records
+	// hold no pointers and laying the refs out in order copies 24 bytes.
 	refs []jobRef
 	// seen[i] is the cycle that last used recs[i]; 0 marks a free slot.
 	seen  []uint32

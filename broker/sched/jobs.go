@@ -51,6 +51,8 @@ type cycle struct {
 	running []rjob
 	rplaces []placeRef
 	pending []pjob
+	// pendRef[k] is pending[k]'s record and id once ordered.
+	pendRef []jobRef
 	keys    []sortKey
 	sizeRef int
 	// preemptible counts running jobs that could be preempted; pMinClass
@@ -206,10 +208,10 @@ type constraint struct {
 
 // sortKey orders pending jobs: key ascending (it is the complement of
 // starved, latency tier, class and score, or of starved and submit time),
-// then submit time, then id.
+// then submit time, then id (both read through idx, the job's index in
+// cycle.pending: equal keys are rare, and 16 bytes move faster than 24).
 type sortKey struct {
 	key uint64
-	sub int64
 	idx int32
 }
 
@@ -675,7 +677,7 @@ func (c *cycle) order() {
 				int64(pol.Weights.Size)*quantize(size)
 			k |= uint64(min(maxScore, max(0, score)))
 		}
-		keys = append(keys, sortKey{key: ^k, sub: p.sub, idx: int32(i)})
+		keys = append(keys, sortKey{key: ^k, idx: int32(i)})
 	}
 	keys, c.scratch.keys = radixSort(keys, c.scratch.keys)
 	// Equal keys (rare: same class and score) fall back to submit time,
@@ -687,10 +689,11 @@ func (c *cycle) order() {
 		}
 		if hi-lo > 1 {
 			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
-				if a.sub != b.sub {
-					return cmp.Compare(a.sub, b.sub)
+				pa, pb := &c.pending[a.idx], &c.pending[b.idx]
+				if pa.sub != pb.sub {
+					return cmp.Compare(pa.sub, pb.sub)
 				}
-				return strings.Compare(c.idOf(&c.pending[a.idx]), c.idOf(&c.pending[b.idx]))
+				return strings.Compare(c.idOf(pa), c.idOf(pb))
 			})
 		}
 		lo = hi
@@ -705,41 +708,55 @@ func (c *cycle) order() {
 		rank[k.idx] = int32(r)
 	}
 	c.scratch.rank = rank
+	// The records and ids the plan names come along in the same pass, read
+	// in the order the cache keeps them.
 	n := len(c.pending)
 	ordered := slices.Grow(c.scratch.ordered[:0], n)[:n]
+	refs := slices.Grow(c.pendRef[:0], n)[:n]
 	for i := range c.pending {
-		ordered[rank[i]] = c.pending[i]
+		r := rank[i]
+		ordered[r] = c.pending[i]
+		refs[r] = c.jc.refs[c.pending[i].rec]
 	}
 	c.pending, c.scratch.ordered = ordered, c.pending
+	c.pendRef = refs
 }
 
 // radixSort sorts a by key (LSD, 11 bits a pass, stable), skipping passes
-// where every key has the same digit. It returns the sorted slice and the
-// other buffer.
+// where every key has the same digit. One read of the keys counts the
+// digits of every pass. It returns the sorted slice and the other buffer.
 func radixSort(a, tmp []sortKey) ([]sortKey, []sortKey) {
-	const width = 11
+	const width, passes = 11, 6 // the counting loop below has one line per pass
+	const _ = uint(passes*width-64) + uint(63-(passes-1)*width)
 	const buckets = 1 << width
 	if len(a) < 2 {
 		return a, tmp
 	}
 	tmp = slices.Grow(tmp[:0], len(a))[:len(a)]
-	var count [buckets]int
-	for shift := uint(0); shift < 64; shift += width {
-		clear(count[:])
-		for _, k := range a {
-			count[(k.key>>shift)&(buckets-1)]++
-		}
-		if count[(a[0].key>>shift)&(buckets-1)] == len(a) {
+	var count [passes][buckets]int32
+	for _, k := range a {
+		x := k.key
+		count[0][x&(buckets-1)]++
+		count[1][(x>>width)&(buckets-1)]++
+		count[2][(x>>(2*width))&(buckets-1)]++
+		count[3][(x>>(3*width))&(buckets-1)]++
+		count[4][(x>>(4*width))&(buckets-1)]++
+		count[5][(x>>(5*width))&(buckets-1)]++
+	}
+	for pass := range passes {
+		shift := uint(pass * width)
+		cnt := &count[pass]
+		if int(cnt[(a[0].key>>shift)&(buckets-1)]) == len(a) {
 			continue
 		}
-		sum := 0
-		for d := range count {
-			sum, count[d] = sum+count[d], sum
+		sum := int32(0)
+		for d := range cnt {
+			sum, cnt[d] = sum+cnt[d], sum
 		}
 		for _, k := range a {
 			d := (k.key >> shift) & (buckets - 1)
-			tmp[count[d]] = k
-			count[d]++
+			tmp[cnt[d]] = k
+			cnt[d]++
 		}
 		a, tmp = tmp, a
 	}

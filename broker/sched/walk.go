@@ -18,11 +18,17 @@ func (c *cycle) walk() {
 	}
 	c.scratch.pos = pos
 	c.rctx = &reasonCtx{now: c.nowNs}
-	c.plan = Plan{Pending: slices.Grow(c.pendBuf[:0], len(c.pending))}
+	// Each job's entry is written in place, in the slot after the last
+	// entry; it becomes part of the plan unless the job starts.
+	pend := slices.Grow(c.pendBuf[:0], len(c.pending))
 	for k := range c.pending {
 		pi := int32(k)
 		p := &c.pending[pi]
-		r := Reason{ctx: c.rctx, g: int32(p.g), n: int32(p.n), share: p.share, model: p.cons, queue: p.queue}
+		ref := &c.pendRef[pi]
+		e := &pend[:len(pend)+1][len(pend)]
+		*e = Pending{Job: ref.id, j: ref.j,
+			Reason: Reason{ctx: c.rctx, g: int32(p.g), n: int32(p.n), share: p.share, model: p.cons, queue: p.queue}}
+		r := &e.Reason
 		switch over, project := c.quotaOver(p); {
 		case p.notBefore > c.nowNs:
 			r.kind, r.at = kindBackoff, p.notBefore
@@ -31,7 +37,7 @@ func (c *cycle) walk() {
 				r.kind, r.est, r.victims = kindPreempting, at, c.victimText()
 				c.addUse(p.team, p.project, p.queue, p.g*p.n)
 			} else {
-				c.quotaReason(&r, p, project)
+				c.quotaReason(r, p, project)
 			}
 		case c.tryStart(pi):
 			continue
@@ -51,13 +57,13 @@ func (c *cycle) walk() {
 			}
 			// sawBackfill now says whether placing, claiming or preempting
 			// was refused for the head's reservation.
-			c.blocked(pi, &r, miss, c.sawBackfill)
+			c.blocked(pi, r, miss, c.sawBackfill)
 		}
 		pos[p.queue]++
 		r.pos = pos[p.queue]
-		ref := &c.jc.refs[p.rec]
-		c.plan.Pending = append(c.plan.Pending, Pending{Job: ref.id, Reason: r, j: ref.j})
+		pend = pend[:len(pend)+1]
 	}
+	c.plan = Plan{Pending: pend}
 }
 
 // BurstDemand lists the pending jobs that may run on rented capacity
