@@ -156,34 +156,24 @@ func (c *cycle) endCycle() {
 	}
 }
 
-// kept returns the slot of the record kept for j, the snapshot's pos-th
-// job, or -1. Most jobs are where the job last found was, give or take
-// the same shift (off); the others are looked up by address when the
-// caller says so (lookup).
-func (jc *jobCache) kept(j *broker.Job, pos int, lookup bool) int32 {
+// derivedOf returns the slot of the derived record of j, the snapshot's
+// pos-th job at revision rev (len(j.History)), kept from an earlier cycle
+// when the job is the one seen then.
+func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
+	jc := &c.jc
+	i, ok := int32(-1), false
 	if q := pos - jc.off; q >= 0 && q < len(jc.lastSlot) {
 		if k := jc.lastSlot[q]; k >= 0 && jc.refs[k].j == j {
-			return k
+			i, ok = k, true
 		}
 	}
-	if !lookup {
-		return -1
-	}
-	i, ok := jc.slot[j]
 	if !ok {
-		return -1
+		if i, ok = jc.slot[j]; ok {
+			jc.off = pos - int(jc.recs[i].pos)
+		}
 	}
-	jc.off = pos - int(jc.recs[i].pos)
-	return i
-}
-
-// derivedOf returns the slot of the derived record of j, the snapshot's
-// pos-th job at revision rev (len(j.History)): i, the record kept for it
-// (-1 for none), read again if the job changed since, or a new one.
-func (c *cycle) derivedOf(j *broker.Job, pos, rev int, i int32) int32 {
-	jc := &c.jc
 	switch {
-	case i < 0:
+	case !ok:
 		if n := len(jc.free); n > 0 {
 			i, jc.free = jc.free[n-1], jc.free[:n-1]
 		} else {
@@ -229,12 +219,11 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	d.shape = c.jc.shapes.id(&c.shapeMap, shapeName{tqp: d.tqp, proj: d.proj, cons: d.cons, g: d.g, n: d.n})
 }
 
-// addPending adds a pending job at revision rev (kept: its kept record,
-// or -1): its derived record, with what depends on this cycle's policy
-// and nodes looked up through the interned names.
-func (c *cycle) addPending(j *broker.Job, pos, rev int, kept int32) {
+// addPending adds a pending job at revision rev: its derived record, with what depends on
+// this cycle's policy and nodes looked up through the interned names.
+func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 	jc := &c.jc
-	slot := c.derivedOf(j, pos, rev, kept)
+	slot := c.derivedOf(j, pos, rev)
 	d := &jc.recs[slot]
 	tq := c.tqpMap[d.tqp]
 	if tq < 0 {

@@ -451,7 +451,7 @@ func (c *cycle) loadJobs() {
 		case lookHolding:
 			hold = append(hold, j)
 		case lookPending:
-			c.addPending(j, k, int(look[k].rev), look[k].kept)
+			c.addPending(j, k, int(look[k].rev))
 		case lookProvisioning:
 			if j.Machine != "" {
 				bound = append(bound, j)
@@ -473,13 +473,11 @@ func (c *cycle) loadJobs() {
 }
 
 // jobLook is what the cycle reads of every job first: which of its
-// lists the job goes to, its revision (the length of its history, see
-// jobCache) and, for a pending job, the slot of the record kept for it
-// (-1: none).
+// lists the job goes to, and its revision (the length of its history,
+// see jobCache).
 type jobLook struct {
 	kind uint8
 	rev  int32
-	kept int32
 }
 
 const (
@@ -494,26 +492,17 @@ const (
 // is a cache miss; in this loop the processor has several of them in
 // flight at once, where the loop that adds the jobs would wait for each
 // in turn (a fifth of a steady-state cycle went to these two reads).
-//
-// A job kept from the last cycle as pending at the same revision is still
-// pending — every change of state records a transition — so its state,
-// on another cache line of the record, is not read.
 func (c *cycle) lookAtJobs() []jobLook {
-	jc := &c.jc
 	look := c.scratch.look[:0]
-	for k, j := range c.s.Jobs {
-		l := jobLook{kind: lookOther, rev: int32(len(j.History)), kept: -1}
-		if i := jc.kept(j, k, false); i >= 0 && jc.recs[i].rev == int(l.rev) {
-			l.kind, l.kept = lookPending, i
-		} else {
-			switch {
-			case j.State == broker.StatePending:
-				l.kind, l.kept = lookPending, jc.kept(j, k, true)
-			case j.State.Holding():
-				l.kind = lookHolding
-			case j.State == broker.StateProvisioning:
-				l.kind = lookProvisioning
-			}
+	for _, j := range c.s.Jobs {
+		l := jobLook{kind: lookOther, rev: int32(len(j.History))}
+		switch {
+		case j.State == broker.StatePending:
+			l.kind = lookPending
+		case j.State.Holding():
+			l.kind = lookHolding
+		case j.State == broker.StateProvisioning:
+			l.kind = lookProvisioning
 		}
 		look = append(look, l)
 	}
