@@ -95,7 +95,11 @@ type node struct {
 	total int // healthy cards
 	free  int // free cards
 	drain int // draining cards
-	// cpuFree and memFree are tracked only when the node declares them.
+	// cpuCap and memCap are the node's CPU and memory (0: not declared;
+	// copied here so that the searches do not follow n); cpuFree and
+	// memFree are tracked only when the node declares them.
+	cpuCap  float64
+	memCap  int64
 	cpuFree float64
 	memFree int64
 	holders []holder
@@ -240,6 +244,7 @@ func (c *cycle) initNode(nd *node, n *broker.Node) {
 			}
 		}
 	}
+	nd.cpuCap, nd.memCap = n.CPU, n.Memory
 	nd.cpuFree, nd.memFree = n.CPU, n.Memory
 	nd.uniform = uniformTopology(n.Inventory.Topology, nd.cards)
 	if nd.total > c.K {

@@ -565,10 +565,10 @@ func (c *cycle) addRunning(j *broker.Job) {
 		if mask == 0 {
 			continue
 		}
-		if nd.n.CPU > 0 {
+		if nd.cpuCap > 0 {
 			nd.cpuFree -= j.Spec.Resources.CPU
 		}
-		if nd.n.Memory > 0 {
+		if nd.memCap > 0 {
 			nd.memFree -= int64(j.Spec.Resources.Memory)
 		}
 		nd.holders = append(nd.holders, holder{job: ri, mask: mask})
