@@ -215,6 +215,7 @@ func (c *cycle) buildCluster() {
 	c.drainSet = newBitset(c.drainSet, nn)
 	c.sharedSet = newBitset(c.sharedSet, nn)
 	c.preemptSet = newBitset(c.preemptSet, nn)
+	c.lostCount = [len(c.lostSets)]int32{}
 	for b := range c.lostSets {
 		c.lostSets[b] = newBitset(c.lostSets[b], nn)
 	}
@@ -450,6 +451,7 @@ func (c *cycle) refreshPreempt(i int32) {
 	}
 	if nd.pBucket >= 0 {
 		c.lostSets[nd.pBucket].unset(i)
+		c.lostCount[nd.pBucket]--
 		nd.pBucket = -1
 	}
 	if any != 0 {
@@ -461,6 +463,7 @@ func (c *cycle) refreshPreempt(i int32) {
 		c.preemptSet.set(i)
 		nd.pBucket = lostBucket(nd.pLost)
 		c.lostSets[nd.pBucket].set(i)
+		c.lostCount[nd.pBucket]++
 	} else {
 		c.preemptSet.unset(i)
 	}

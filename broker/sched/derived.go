@@ -27,7 +27,10 @@ type jobCache struct {
 	// hold no pointers and laying the refs out in order copies 24 bytes.
 	refs []jobRef
 	// seen[i] is the cycle that last used recs[i]; 0 marks a free slot.
+	// pos[i] is the index in that cycle's snapshot of the job of recs[i]
+	// (apart, so that the records are only written when a job changes).
 	seen  []uint32
+	pos   []int32
 	free  []int32
 	cycle uint32
 	// lastSlot[k] is the slot of the snapshot's k-th job in the previous
@@ -95,8 +98,7 @@ type jobRef struct {
 // derived is what a pending job's record takes from the job alone (its
 // record and id are in the jobRef of the same slot).
 type derived struct {
-	rev int
-	pos int32 // the job's index in the snapshot that last used the record
+	rev int32
 	// Interned (team, queue, priority), (team, project) — -1 for none —
 	// and (GPU model, card memory), and all of them with g and n.
 	tqp, proj, cons int32
@@ -116,13 +118,14 @@ type derived struct {
 func (c *cycle) beginCycle(jobs int) {
 	jc := &c.jc
 	if jc.slot == nil || len(jc.tqps.keys)+len(jc.projs.keys)+len(jc.conss.keys) > maxInterns || len(jc.shapes.keys) > maxShapes {
-		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), recs: jc.recs[:0], refs: jc.refs[:0], seen: jc.seen[:0], free: jc.free[:0]}
+		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), recs: jc.recs[:0], refs: jc.refs[:0], seen: jc.seen[:0], pos: jc.pos[:0], free: jc.free[:0]}
 		clear(jc.refs[:cap(jc.refs)])
 	}
 	if more := jobs - len(jc.recs) + len(jc.free); more > 0 {
 		jc.recs = slices.Grow(jc.recs, more)
 		jc.refs = slices.Grow(jc.refs, more)
 		jc.seen = slices.Grow(jc.seen, more)
+		jc.pos = slices.Grow(jc.pos, more)
 	}
 	jc.curSlot = fillInt32(jc.curSlot, jobs, -1)
 	jc.cycle++
@@ -169,7 +172,7 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 	}
 	if !ok {
 		if i, ok = jc.slot[j]; ok {
-			jc.off = pos - int(jc.recs[i].pos)
+			jc.off = pos - int(jc.pos[i])
 		}
 	}
 	switch {
@@ -181,14 +184,15 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 			jc.recs = append(jc.recs, derived{})
 			jc.refs = append(jc.refs, jobRef{})
 			jc.seen = append(jc.seen, 0)
+			jc.pos = append(jc.pos, 0)
 		}
 		jc.slot[j] = i
 		jc.refs[i] = jobRef{j: j, id: j.ID}
 		c.derive(&jc.recs[i], j, rev)
-	case jc.recs[i].rev != rev:
+	case jc.recs[i].rev != int32(rev):
 		c.derive(&jc.recs[i], j, rev)
 	}
-	jc.seen[i], jc.recs[i].pos, jc.curSlot[pos] = jc.cycle, int32(pos), i
+	jc.seen[i], jc.pos[i], jc.curSlot[pos] = jc.cycle, int32(pos), i
 	return i
 }
 
@@ -196,7 +200,7 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	res := j.Spec.Resources
 	*d = derived{
-		rev:         rev,
+		rev:         int32(rev),
 		tqp:         c.jc.tqps.id(&c.tqpMap, tqpKey{j.Spec.Team, j.Spec.Queue, j.Spec.Priority}),
 		proj:        -1,
 		cons:        c.jc.conss.id(&c.consMap, consName{res.GPUModel, int64(res.GPUMemory)}),

@@ -35,6 +35,8 @@ type cycle struct {
 	// lostSets[b] holds the nodes of preemptSet whose cheapest victim
 	// loses work in lostBucket b.
 	lostSets [65]bitset
+	// lostCount[b] is the number of nodes in lostSets[b].
+	lostCount [65]int32
 
 	teams      []team
 	teamIdx    map[string]int32

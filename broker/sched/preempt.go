@@ -421,6 +421,9 @@ func (c *cycle) preemptSingle(p *pjob, r *rights) []nodePick {
 		if best != nil && best.cost.protected == 0 && lostFloor(b) > best.cost.lost {
 			break
 		}
+		if c.lostCount[b] == 0 {
+			continue
+		}
 		set := c.lostSets[b]
 		for i := set.next(0); i >= 0; i = set.next(i + 1) {
 			if pk, ok := c.preemptOnNode(i, p, r, byClassOnly, best); ok {
