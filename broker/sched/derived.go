@@ -254,7 +254,6 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 	}
 	p := pjob{
 		rec:         slot,
-		since:       d.since,
 		team:        t,
 		project:     proj,
 		queue:       q,
@@ -269,6 +268,12 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		sub:         d.sub,
 		notBefore:   d.notBefore,
 		cons:        cons,
+	}
+	// Starvation is waiting in the queue, measured from when the job last
+	// entered it: a job just preempted is old but not starving, and must
+	// not take back the cards of the job that preempted it.
+	if starve := int64(c.pol.StarvationAge); starve > 0 && c.nowNs-d.since >= starve {
+		p.starved = true
 	}
 	if d.gpuMem > 0 && p.n == 1 && c.queues[q].sharing {
 		p.share = d.gpuMem

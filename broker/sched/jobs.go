@@ -126,7 +126,7 @@ type rjob struct {
 
 // pjob is a pending job. It copies what the cycle needs from the job, so
 // that the walk and the plan never go back to the (cold) job record. It
-// holds no pointers (the job and its id are in its derived record), so
+// holds no pointers (the job and its id are in the cache's refs), so
 // that laying 100,000 of them out in order is a plain copy that the
 // garbage collector neither watches nor scans.
 type pjob struct {
@@ -136,16 +136,17 @@ type pjob struct {
 	class                int32
 	latency              bool
 	preemptible          bool
-	g, n                 int   // cards per node, nodes
-	share                int64 // memory per card when it may share a card, else 0
-	cons                 int32
-	shape                int32 // this cycle's number for shapeKeyOf(p)
-	cpu                  float64
-	mem                  int64
-	timeout              int64
-	sub                  int64
-	notBefore            int64 // retry backoff (unix ns), 0 when none
-	since                int64 // last entered the queue (unix ns)
+	// starved jobs have waited in the queue past the starvation age.
+	starved   bool
+	g, n      int   // cards per node, nodes
+	share     int64 // memory per card when it may share a card, else 0
+	cons      int32
+	shape     int32 // this cycle's number for shapeKeyOf(p)
+	cpu       float64
+	mem       int64
+	timeout   int64
+	sub       int64
+	notBefore int64 // retry backoff (unix ns), 0 when none
 }
 
 type team struct {
@@ -651,17 +652,13 @@ func (c *cycle) order() {
 	pol := c.pol
 	maxAge := float64(pol.MaxAge)
 	c.sizeRef = max(1, c.K)
-	starve := int64(pol.StarvationAge)
 	keys := c.keys[:0]
 	const maxClass, maxScore, maxSub = 1<<20 - 1, 1<<42 - 1, 1<<62 - 1
 	for i := range c.pending {
 		p := &c.pending[i]
 		wait := c.nowNs - p.sub
 		var k uint64
-		// Starvation is waiting in the queue, measured from when the job
-		// last entered it: a job just preempted is old but not starving,
-		// and must not take back the cards of the job that preempted it.
-		if starve > 0 && c.nowNs-p.since >= starve {
+		if p.starved {
 			// Starved jobs go first, oldest first.
 			k = 1<<63 | uint64(maxSub-min(maxSub, max(0, p.sub)))
 		} else {
