@@ -17,6 +17,5 @@ type scratch struct {
 	freeAt   []int32
 	pos      []int32
 	keys     []sortKey
-	ordered  []pjob
 	rank     []int32
 }
