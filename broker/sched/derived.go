@@ -223,9 +223,8 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	d.shape = c.jc.shapes.id(&c.shapeMap, shapeName{tqp: d.tqp, proj: d.proj, cons: d.cons, g: d.g, n: d.n})
 }
 
-// addPending adds a pending job at revision rev: its derived record, with
-// what depends on this cycle's policy and nodes looked up through the
-// interned names.
+// addPending adds a pending job at revision rev: its derived record, with what depends on
+// this cycle's policy and nodes looked up through the interned names.
 func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 	jc := &c.jc
 	slot := c.derivedOf(j, pos, rev)
@@ -236,7 +235,7 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		tq = c.tqpOf(k.team, k.queue, k.priority)
 		c.tqpMap[d.tqp] = tq
 	}
-	t := c.tqps[tq].team
+	t, q := c.tqps[tq].team, c.tqps[tq].queue
 	proj := int32(-1)
 	if d.proj >= 0 {
 		if proj = c.projMap[d.proj]; proj < 0 {
@@ -253,40 +252,14 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		cons = c.consOf(k.model, k.minMem, true)
 		c.consMap[d.cons] = cons
 	}
-	c.loaded = append(c.loaded, pstub{rec: slot, tqp: tq, project: proj, cons: cons})
-}
-
-// pstub is a pending job as loaded: its derived record and this cycle's
-// (team, queue, class), project and constraint. The order is computed
-// from stubs and records, and each job's pjob is written once, in its
-// place in that order.
-type pstub struct {
-	rec, tqp, project, cons int32
-}
-
-// starved reports whether the job has waited in the queue past the
-// starvation age. Starvation is waiting in the queue, measured from when
-// the job last entered it: a job just preempted is old but not starving,
-// and must not take back the cards of the job that preempted it.
-func (c *cycle) starved(d *derived) bool {
-	starve := int64(c.pol.StarvationAge)
-	return starve > 0 && c.nowNs-d.since >= starve
-}
-
-// pjobOf is the pending job of st.
-func (c *cycle) pjobOf(st *pstub) pjob {
-	d := &c.jc.recs[st.rec]
-	tq := &c.tqps[st.tqp]
-	q := tq.queue
 	p := pjob{
-		rec:         st.rec,
-		team:        tq.team,
-		project:     st.project,
+		rec:         slot,
+		team:        t,
+		project:     proj,
 		queue:       q,
-		class:       tq.class,
+		class:       c.tqps[tq].class,
 		latency:     c.queues[q].kind == Latency,
 		preemptible: d.preemptible,
-		starved:     c.starved(d),
 		g:           d.g,
 		n:           d.n,
 		cpu:         d.cpu,
@@ -294,7 +267,13 @@ func (c *cycle) pjobOf(st *pstub) pjob {
 		timeout:     d.timeout,
 		sub:         d.sub,
 		notBefore:   d.notBefore,
-		cons:        st.cons,
+		cons:        cons,
+	}
+	// Starvation is waiting in the queue, measured from when the job last
+	// entered it: a job just preempted is old but not starving, and must
+	// not take back the cards of the job that preempted it.
+	if starve := int64(c.pol.StarvationAge); starve > 0 && c.nowNs-d.since >= starve {
+		p.starved = true
 	}
 	if d.gpuMem > 0 && p.n == 1 && c.queues[q].sharing {
 		p.share = d.gpuMem
@@ -303,7 +282,7 @@ func (c *cycle) pjobOf(st *pstub) pjob {
 		p.shape = c.shapeOf(&p)
 		c.shapeMap[d.shape] = p.shape
 	}
-	return p
+	c.pending = append(c.pending, p)
 }
 
 // job is the pending job's record.

@@ -52,9 +52,6 @@ type cycle struct {
 
 	running []rjob
 	rplaces []placeRef
-	// loaded are the pending jobs in snapshot order; pending the same
-	// jobs in scheduling order (order).
-	loaded  []pstub
 	pending []pjob
 	// pendRef[k] is pending[k]'s record and id once ordered.
 	pendRef []jobRef
@@ -215,7 +212,7 @@ type constraint struct {
 // sortKey orders pending jobs: key ascending (it is the complement of
 // starved, latency tier, class and score, or of starved and submit time),
 // then submit time, then id (both read through idx, the job's index in
-// cycle.loaded: equal keys are rare, and 16 bytes move faster than 24).
+// cycle.pending: equal keys are rare, and 16 bytes move faster than 24).
 type sortKey struct {
 	key uint64
 	idx int32
@@ -257,7 +254,6 @@ func (c *cycle) reset(s *Snapshot) {
 	clear(c.failed)
 	c.teams, c.projects, c.queues, c.cons = c.teams[:0], c.projects[:0], c.queues[:0], c.cons[:0]
 	c.running, c.rplaces, c.pending, c.keys = c.running[:0], c.rplaces[:0], c.pending[:0], c.keys[:0]
-	c.loaded = c.loaded[:0]
 	c.stops, c.starts, c.preemptions = nil, nil, nil
 	c.drainNodes = 0
 	c.resv = reservation{nodes: c.resv.nodes[:0]}
@@ -437,7 +433,7 @@ func heldSince(j *broker.Job, now time.Time) time.Time {
 func (c *cycle) loadJobs() {
 	s := c.s
 	c.consOf("", 0, false) // constraint 0: any node
-	c.loaded = slices.Grow(c.loaded, len(s.Jobs))
+	c.pending = slices.Grow(c.pending, len(s.Jobs))
 	// Queues with a reservation count even when none of their jobs exist.
 	names := c.scratch.names[:0]
 	for name, q := range c.pol.Queues {
@@ -658,27 +654,25 @@ func (c *cycle) order() {
 	c.sizeRef = max(1, c.K)
 	keys := c.keys[:0]
 	const maxClass, maxScore, maxSub = 1<<20 - 1, 1<<42 - 1, 1<<62 - 1
-	for i := range c.loaded {
-		st := &c.loaded[i]
-		d := &c.jc.recs[st.rec]
-		tq := &c.tqps[st.tqp]
-		wait := c.nowNs - d.sub
+	for i := range c.pending {
+		p := &c.pending[i]
+		wait := c.nowNs - p.sub
 		var k uint64
-		if c.starved(d) {
+		if p.starved {
 			// Starved jobs go first, oldest first.
-			k = 1<<63 | uint64(maxSub-min(maxSub, max(0, d.sub)))
+			k = 1<<63 | uint64(maxSub-min(maxSub, max(0, p.sub)))
 		} else {
-			if c.queues[tq.queue].kind == Latency {
+			if p.latency {
 				k |= 1 << 62
 			}
-			k |= uint64(min(maxClass, max(0, tq.class))) << 42
+			k |= uint64(min(maxClass, max(0, p.class))) << 42
 			age := 0.0
 			if maxAge > 0 {
 				age = min(1, max(0, float64(wait)/maxAge))
 			}
-			size := min(1, float64(d.g*d.n)/float64(c.sizeRef))
+			size := min(1, float64(p.g*p.n)/float64(c.sizeRef))
 			score := int64(pol.Weights.Age)*quantize(age) +
-				int64(pol.Weights.FairShare)*quantize(c.teams[tq.team].fair) +
+				int64(pol.Weights.FairShare)*quantize(c.teams[p.team].fair) +
 				int64(pol.Weights.Size)*quantize(size)
 			k |= uint64(min(maxScore, max(0, score)))
 		}
@@ -694,31 +688,31 @@ func (c *cycle) order() {
 		}
 		if hi-lo > 1 {
 			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
-				ra, rb := c.loaded[a.idx].rec, c.loaded[b.idx].rec
-				if sa, sb := c.jc.recs[ra].sub, c.jc.recs[rb].sub; sa != sb {
-					return cmp.Compare(sa, sb)
+				pa, pb := &c.pending[a.idx], &c.pending[b.idx]
+				if pa.sub != pb.sub {
+					return cmp.Compare(pa.sub, pb.sub)
 				}
-				return strings.Compare(c.jc.refs[ra].id, c.jc.refs[rb].id)
+				return strings.Compare(c.idOf(pa), c.idOf(pb))
 			})
 		}
 		lo = hi
 	}
 	c.keys = keys
 	// Lay the pending jobs out in that order, so the walk reads memory
-	// front to back: each job's pjob is made from its stub and record
-	// here, once. Reads go front to back and writes land at each job's
-	// rank: stores overlap their cache misses, loads would wait on them.
+	// front to back.
+	// Reads go front to back and writes land at each job's rank: stores
+	// overlap their cache misses, loads would wait on them.
 	rank := slices.Grow(c.scratch.rank[:0], len(keys))[:len(keys)]
 	for r, k := range keys {
 		rank[k.idx] = int32(r)
 	}
 	c.scratch.rank = rank
-	n := len(c.loaded)
-	ordered := slices.Grow(c.pending[:0], n)[:n]
-	for i := range c.loaded {
-		ordered[rank[i]] = c.pjobOf(&c.loaded[i])
+	n := len(c.pending)
+	ordered := slices.Grow(c.scratch.ordered[:0], n)[:n]
+	for i := range c.pending {
+		ordered[rank[i]] = c.pending[i]
 	}
-	c.pending = ordered
+	c.pending, c.scratch.ordered = ordered, c.pending
 	// The records and ids the plan names are gathered in a loop of their
 	// own: they hold pointers, and while the garbage collector marks,
 	// each pointer store also reads the word it overwrites — in order

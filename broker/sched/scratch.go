@@ -17,5 +17,6 @@ type scratch struct {
 	freeAt   []int32
 	pos      []int32
 	keys     []sortKey
+	ordered  []pjob
 	rank     []int32
 }
