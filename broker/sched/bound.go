@@ -12,14 +12,11 @@ import (
 // (state provisioning, Job.Machine set) on that machine's node once its
 // agent has registered with enough healthy free cards. Burst nodes take no
 // other work, so this pass never competes with the main one. Jobs whose
-// machine is not ready yet get a reason.
-func placeBound(s *Snapshot, plan *Plan) {
-	var bound []*broker.Job
-	for _, j := range s.Jobs {
-		if j.State == broker.StateProvisioning && j.Machine != "" {
-			bound = append(bound, j)
-		}
-	}
+// machine is not ready yet get a reason. The bound jobs and the holding
+// ones are those loadJobs found.
+func (c *cycle) placeBound(plan *Plan) {
+	s := c.s
+	bound := c.scratch.bound
 	if len(bound) == 0 {
 		return
 	}
@@ -41,8 +38,8 @@ func placeBound(s *Snapshot, plan *Plan) {
 		burstNode[n.Name] = true
 	}
 	held := map[string]map[int]bool{}
-	for _, j := range s.Jobs {
-		if !j.State.Holding() || len(j.Placements) == 0 || !burstNode[j.Placements[0].Node] {
+	for _, j := range c.scratch.hold {
+		if len(j.Placements) == 0 || !burstNode[j.Placements[0].Node] {
 			continue
 		}
 		for _, p := range j.Placements {

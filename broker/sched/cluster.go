@@ -95,7 +95,11 @@ type node struct {
 	total int // healthy cards
 	free  int // free cards
 	drain int // draining cards
-	// cpuFree and memFree are tracked only when the node declares them.
+	// cpuCap and memCap are the node's CPU and memory (0: not declared;
+	// copied here so that the searches do not follow n); cpuFree and
+	// memFree are tracked only when the node declares them.
+	cpuCap  float64
+	memCap  int64
 	cpuFree float64
 	memFree int64
 	holders []holder
@@ -211,6 +215,7 @@ func (c *cycle) buildCluster() {
 	c.drainSet = newBitset(c.drainSet, nn)
 	c.sharedSet = newBitset(c.sharedSet, nn)
 	c.preemptSet = newBitset(c.preemptSet, nn)
+	c.lostCount = [len(c.lostSets)]int32{}
 	for b := range c.lostSets {
 		c.lostSets[b] = newBitset(c.lostSets[b], nn)
 	}
@@ -240,6 +245,7 @@ func (c *cycle) initNode(nd *node, n *broker.Node) {
 			}
 		}
 	}
+	nd.cpuCap, nd.memCap = n.CPU, n.Memory
 	nd.cpuFree, nd.memFree = n.CPU, n.Memory
 	nd.uniform = uniformTopology(n.Inventory.Topology, nd.cards)
 	if nd.total > c.K {
@@ -445,6 +451,7 @@ func (c *cycle) refreshPreempt(i int32) {
 	}
 	if nd.pBucket >= 0 {
 		c.lostSets[nd.pBucket].unset(i)
+		c.lostCount[nd.pBucket]--
 		nd.pBucket = -1
 	}
 	if any != 0 {
@@ -456,6 +463,7 @@ func (c *cycle) refreshPreempt(i int32) {
 		c.preemptSet.set(i)
 		nd.pBucket = lostBucket(nd.pLost)
 		c.lostSets[nd.pBucket].set(i)
+		c.lostCount[nd.pBucket]++
 	} else {
 		c.preemptSet.unset(i)
 	}

@@ -23,8 +23,14 @@ import (
 type jobCache struct {
 	slot map[*broker.Job]int32
 	recs []derived
+	// refs[i] is the job and id of recs[i]: apart, so that the records
+	// hold no pointers and laying the refs out in order copies 24 bytes.
+	refs []jobRef
 	// seen[i] is the cycle that last used recs[i]; 0 marks a free slot.
+	// pos[i] is the index in that cycle's snapshot of the job of recs[i]
+	// (apart, so that the records are only written when a job changes).
 	seen  []uint32
+	pos   []int32
 	free  []int32
 	cycle uint32
 	// lastSlot[k] is the slot of the snapshot's k-th job in the previous
@@ -35,9 +41,10 @@ type jobCache struct {
 	lastSlot, curSlot []int32
 	off               int
 
-	tqps  names[tqpKey]
-	projs names[projName]
-	conss names[consName]
+	tqps   names[tqpKey]
+	projs  names[projName]
+	conss  names[consName]
+	shapes names[shapeName]
 }
 
 // names interns keys as dense int32 ids, kept across cycles.
@@ -60,9 +67,12 @@ func (n *names[K]) id(m *[]int32, k K) int32 {
 	return i
 }
 
-// maxInterns bounds the interned names: past it (names churn, policy
-// changes) the cache starts over.
-const maxInterns = 1 << 12
+// maxInterns bounds the interned names, and maxShapes the interned
+// shapes: past them (names churn, policy changes) the cache starts over.
+const (
+	maxInterns = 1 << 12
+	maxShapes  = 1 << 16
+)
 
 type projName struct{ team, project string }
 
@@ -71,15 +81,28 @@ type consName struct {
 	minMem int64
 }
 
-// derived is what a pending job's record takes from the job alone.
-type derived struct {
-	j   *broker.Job
-	rev int
-	pos int32 // the job's index in the snapshot that last used the record
-	id  string
-	// Interned (team, queue, priority), (team, project) — -1 for none —
-	// and (GPU model, card memory).
+// shapeName is a job's interned (team, queue, priority), (team, project)
+// and (GPU model, card memory) with its cards and nodes: jobs of one
+// shapeName have one shapeKeyOf in every cycle.
+type shapeName struct {
 	tqp, proj, cons int32
+	g, n            int
+}
+
+// jobRef is a pending job's record and id.
+type jobRef struct {
+	j  *broker.Job
+	id string
+}
+
+// derived is what a pending job's record takes from the job alone (its
+// record and id are in the jobRef of the same slot).
+type derived struct {
+	rev int32
+	// Interned (team, queue, priority), (team, project) — -1 for none —
+	// and (GPU model, card memory), and all of them with g and n.
+	tqp, proj, cons int32
+	shape           int32
 	preemptible     bool
 	g, n            int
 	gpuMem          int64
@@ -94,13 +117,15 @@ type derived struct {
 // beginCycle readies the cache for one cycle's lookups.
 func (c *cycle) beginCycle(jobs int) {
 	jc := &c.jc
-	if jc.slot == nil || len(jc.tqps.keys)+len(jc.projs.keys)+len(jc.conss.keys) > maxInterns {
-		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), recs: jc.recs[:0], seen: jc.seen[:0], free: jc.free[:0]}
-		clear(jc.recs[:cap(jc.recs)])
+	if jc.slot == nil || len(jc.tqps.keys)+len(jc.projs.keys)+len(jc.conss.keys) > maxInterns || len(jc.shapes.keys) > maxShapes {
+		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), recs: jc.recs[:0], refs: jc.refs[:0], seen: jc.seen[:0], pos: jc.pos[:0], free: jc.free[:0]}
+		clear(jc.refs[:cap(jc.refs)])
 	}
 	if more := jobs - len(jc.recs) + len(jc.free); more > 0 {
 		jc.recs = slices.Grow(jc.recs, more)
+		jc.refs = slices.Grow(jc.refs, more)
 		jc.seen = slices.Grow(jc.seen, more)
+		jc.pos = slices.Grow(jc.pos, more)
 	}
 	jc.curSlot = fillInt32(jc.curSlot, jobs, -1)
 	jc.cycle++
@@ -110,6 +135,7 @@ func (c *cycle) beginCycle(jobs int) {
 	c.tqpMap = fillInt32(c.tqpMap, len(jc.tqps.keys), -1)
 	c.projMap = fillInt32(c.projMap, len(jc.projs.keys), -1)
 	c.consMap = fillInt32(c.consMap, len(jc.conss.keys), -1)
+	c.shapeMap = fillInt32(c.shapeMap, len(jc.shapes.keys), -1)
 }
 
 func fillInt32(s []int32, n int, v int32) []int32 {
@@ -126,8 +152,8 @@ func (c *cycle) endCycle() {
 	jc.lastSlot, jc.curSlot = jc.curSlot, jc.lastSlot
 	for i, s := range jc.seen {
 		if s != 0 && s != jc.cycle {
-			delete(jc.slot, jc.recs[i].j)
-			jc.recs[i], jc.seen[i] = derived{}, 0
+			delete(jc.slot, jc.refs[i].j)
+			jc.recs[i], jc.refs[i], jc.seen[i] = derived{}, jobRef{}, 0
 			jc.free = append(jc.free, int32(i))
 		}
 	}
@@ -140,13 +166,13 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 	jc := &c.jc
 	i, ok := int32(-1), false
 	if q := pos - jc.off; q >= 0 && q < len(jc.lastSlot) {
-		if k := jc.lastSlot[q]; k >= 0 && jc.recs[k].j == j {
+		if k := jc.lastSlot[q]; k >= 0 && jc.refs[k].j == j {
 			i, ok = k, true
 		}
 	}
 	if !ok {
 		if i, ok = jc.slot[j]; ok {
-			jc.off = pos - int(jc.recs[i].pos)
+			jc.off = pos - int(jc.pos[i])
 		}
 	}
 	switch {
@@ -156,14 +182,17 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 		} else {
 			i = int32(len(jc.recs))
 			jc.recs = append(jc.recs, derived{})
+			jc.refs = append(jc.refs, jobRef{})
 			jc.seen = append(jc.seen, 0)
+			jc.pos = append(jc.pos, 0)
 		}
 		jc.slot[j] = i
+		jc.refs[i] = jobRef{j: j, id: j.ID}
 		c.derive(&jc.recs[i], j, rev)
-	case jc.recs[i].rev != rev:
+	case jc.recs[i].rev != int32(rev):
 		c.derive(&jc.recs[i], j, rev)
 	}
-	jc.seen[i], jc.recs[i].pos, jc.curSlot[pos] = jc.cycle, int32(pos), i
+	jc.seen[i], jc.pos[i], jc.curSlot[pos] = jc.cycle, int32(pos), i
 	return i
 }
 
@@ -171,7 +200,7 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	res := j.Spec.Resources
 	*d = derived{
-		j: j, rev: rev, id: j.ID,
+		rev:         int32(rev),
 		tqp:         c.jc.tqps.id(&c.tqpMap, tqpKey{j.Spec.Team, j.Spec.Queue, j.Spec.Priority}),
 		proj:        -1,
 		cons:        c.jc.conss.id(&c.consMap, consName{res.GPUModel, int64(res.GPUMemory)}),
@@ -191,6 +220,7 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	if j.NotBefore != nil {
 		d.notBefore = j.NotBefore.UnixNano()
 	}
+	d.shape = c.jc.shapes.id(&c.shapeMap, shapeName{tqp: d.tqp, proj: d.proj, cons: d.cons, g: d.g, n: d.n})
 }
 
 // addPending adds a pending job at revision rev: its derived record, with what depends on
@@ -224,7 +254,6 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 	}
 	p := pjob{
 		rec:         slot,
-		since:       d.since,
 		team:        t,
 		project:     proj,
 		queue:       q,
@@ -240,14 +269,24 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		notBefore:   d.notBefore,
 		cons:        cons,
 	}
+	// Starvation is waiting in the queue, measured from when the job last
+	// entered it: a job just preempted is old but not starving, and must
+	// not take back the cards of the job that preempted it.
+	if starve := int64(c.pol.StarvationAge); starve > 0 && c.nowNs-d.since >= starve {
+		p.starved = true
+	}
 	if d.gpuMem > 0 && p.n == 1 && c.queues[q].sharing {
 		p.share = d.gpuMem
+	}
+	if p.shape = c.shapeMap[d.shape]; p.shape < 0 {
+		p.shape = c.shapeOf(&p)
+		c.shapeMap[d.shape] = p.shape
 	}
 	c.pending = append(c.pending, p)
 }
 
 // job is the pending job's record.
-func (c *cycle) job(p *pjob) *broker.Job { return c.jc.recs[p.rec].j }
+func (c *cycle) job(p *pjob) *broker.Job { return c.jc.refs[p.rec].j }
 
 // idOf is the pending job's id.
-func (c *cycle) idOf(p *pjob) string { return c.jc.recs[p.rec].id }
+func (c *cycle) idOf(p *pjob) string { return c.jc.refs[p.rec].id }

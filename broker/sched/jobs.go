@@ -35,6 +35,8 @@ type cycle struct {
 	// lostSets[b] holds the nodes of preemptSet whose cheapest victim
 	// loses work in lostBucket b.
 	lostSets [65]bitset
+	// lostCount[b] is the number of nodes in lostSets[b].
+	lostCount [65]int32
 
 	teams      []team
 	teamIdx    map[string]int32
@@ -51,9 +53,8 @@ type cycle struct {
 	running []rjob
 	rplaces []placeRef
 	pending []pjob
-	// pendID[k] and pendJob[k] are pending[k]'s id and job once ordered.
-	pendID  []string
-	pendJob []*broker.Job
+	// pendRef[k] is pending[k]'s record and id once ordered.
+	pendRef []jobRef
 	keys    []sortKey
 	sizeRef int
 	// preemptible counts running jobs that could be preempted; pMinClass
@@ -64,17 +65,20 @@ type cycle struct {
 	pMinClass   int32
 	pBatch      bool
 
-	plan        Plan
-	pendBuf     []Pending
-	rctx        *reasonCtx // this cycle's reason table, new every cycle
-	fitFailed   map[fitKey]bool
-	fitBits     []uint64 // fitBits[cons*64+g] has bit n when that shape found no place
-	drainNodes  int      // nodes in drainSet
-	stops       []Stop
-	starts      []Start
-	preemptions []Preemption
-	resv        reservation
-	failed      map[failKey]bool
+	plan      Plan
+	pendBuf   []Pending
+	rctx      *reasonCtx // this cycle's reason table, new every cycle
+	fitFailed map[fitKey]bool
+	fitBits   []uint64 // fitBits[cons*64+g] has bit n when that shape found no place
+	// everKnown[cons*64+g] has bit n when canEverFit was computed for
+	// that shape (without CPU and memory), everFits when it was true.
+	everKnown, everFits []uint64
+	drainNodes          int // nodes in drainSet
+	stops               []Stop
+	starts              []Start
+	preemptions         []Preemption
+	resv                reservation
+	failed              map[failKey]bool
 	// lastVictims and lastNodes are the last successful preemption's.
 	lastVictims []int32
 	lastNodes   []int32
@@ -85,9 +89,14 @@ type cycle struct {
 	scratch scratch
 
 	jc jobCache
-	// tqpMap, projMap and consMap take jc's interned names to this
-	// cycle's entries (-1: not looked up yet).
-	tqpMap, projMap, consMap []int32
+	// tqpMap, projMap, consMap and shapeMap take jc's interned names to
+	// this cycle's entries (-1: not looked up yet).
+	tqpMap, projMap, consMap, shapeMap []int32
+	// shapeIdx numbers this cycle's job shapes (shapeKeyOf);
+	// shapeFailed[s] has bit f when a preemption search with flags f
+	// (and needFree 0) failed for shape s.
+	shapeIdx    map[failKey]int32
+	shapeFailed []uint64
 }
 
 // placeRef is one node's share of a running job.
@@ -117,7 +126,7 @@ type rjob struct {
 
 // pjob is a pending job. It copies what the cycle needs from the job, so
 // that the walk and the plan never go back to the (cold) job record. It
-// holds no pointers (the job and its id are in its derived record), so
+// holds no pointers (the job and its id are in the cache's refs), so
 // that laying 100,000 of them out in order is a plain copy that the
 // garbage collector neither watches nor scans.
 type pjob struct {
@@ -127,15 +136,17 @@ type pjob struct {
 	class                int32
 	latency              bool
 	preemptible          bool
-	g, n                 int   // cards per node, nodes
-	share                int64 // memory per card when it may share a card, else 0
-	cons                 int32
-	cpu                  float64
-	mem                  int64
-	timeout              int64
-	sub                  int64
-	notBefore            int64 // retry backoff (unix ns), 0 when none
-	since                int64 // last entered the queue (unix ns)
+	// starved jobs have waited in the queue past the starvation age.
+	starved   bool
+	g, n      int   // cards per node, nodes
+	share     int64 // memory per card when it may share a card, else 0
+	cons      int32
+	shape     int32 // this cycle's number for shapeKeyOf(p)
+	cpu       float64
+	mem       int64
+	timeout   int64
+	sub       int64
+	notBefore int64 // retry backoff (unix ns), 0 when none
 }
 
 type team struct {
@@ -200,10 +211,10 @@ type constraint struct {
 
 // sortKey orders pending jobs: key ascending (it is the complement of
 // starved, latency tier, class and score, or of starved and submit time),
-// then submit time, then id.
+// then submit time, then id (both read through idx, the job's index in
+// cycle.pending: equal keys are rare, and 16 bytes move faster than 24).
 type sortKey struct {
 	key uint64
-	sub int64
 	idx int32
 }
 
@@ -227,9 +238,13 @@ func (c *cycle) reset(s *Snapshot) {
 		c.consIdx = map[consKey]int32{}
 		c.failed = map[failKey]bool{}
 		c.fitFailed = map[fitKey]bool{}
+		c.shapeIdx = map[failKey]int32{}
 	}
+	clear(c.shapeIdx)
+	c.shapeFailed = c.shapeFailed[:0]
 	clear(c.fitFailed)
 	c.fitBits = c.fitBits[:0]
+	c.everKnown, c.everFits = c.everKnown[:0], c.everFits[:0]
 	clear(c.teamIdx)
 	clear(c.projIdx)
 	clear(c.queueIdx)
@@ -341,6 +356,18 @@ func modelMatches(have, want string) bool {
 	return false
 }
 
+// shapeOf numbers p's shapeKeyOf in this cycle.
+func (c *cycle) shapeOf(p *pjob) int32 {
+	k := shapeKeyOf(p)
+	if i, ok := c.shapeIdx[k]; ok {
+		return i
+	}
+	i := int32(len(c.shapeFailed))
+	c.shapeIdx[k] = i
+	c.shapeFailed = append(c.shapeFailed, 0)
+	return i
+}
+
 func (c *cycle) classOf(name string) int32 { return int32(c.pol.Priorities[name]) }
 
 // burstCode is a job's burst policy in one byte.
@@ -419,7 +446,7 @@ func (c *cycle) loadJobs() {
 		c.queueOf(name)
 	}
 	c.scratch.names = names
-	hold := c.scratch.hold[:0]
+	hold, bound := c.scratch.hold[:0], c.scratch.bound[:0]
 	c.beginCycle(len(s.Jobs))
 	look := c.lookAtJobs()
 	for k, j := range s.Jobs {
@@ -428,8 +455,13 @@ func (c *cycle) loadJobs() {
 			hold = append(hold, j)
 		case lookPending:
 			c.addPending(j, k, int(look[k].rev))
+		case lookProvisioning:
+			if j.Machine != "" {
+				bound = append(bound, j)
+			}
 		}
 	}
+	c.scratch.bound = bound
 	c.endCycle()
 	slices.SortFunc(hold, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
 	c.scratch.hold = hold
@@ -455,6 +487,7 @@ const (
 	lookOther uint8 = iota
 	lookPending
 	lookHolding
+	lookProvisioning
 )
 
 // lookAtJobs reads each job's state and revision in a loop that does
@@ -471,6 +504,8 @@ func (c *cycle) lookAtJobs() []jobLook {
 			l.kind = lookPending
 		case j.State.Holding():
 			l.kind = lookHolding
+		case j.State == broker.StateProvisioning:
+			l.kind = lookProvisioning
 		}
 		look = append(look, l)
 	}
@@ -533,10 +568,10 @@ func (c *cycle) addRunning(j *broker.Job) {
 		if mask == 0 {
 			continue
 		}
-		if nd.n.CPU > 0 {
+		if nd.cpuCap > 0 {
 			nd.cpuFree -= j.Spec.Resources.CPU
 		}
-		if nd.n.Memory > 0 {
+		if nd.memCap > 0 {
 			nd.memFree -= int64(j.Spec.Resources.Memory)
 		}
 		nd.holders = append(nd.holders, holder{job: ri, mask: mask})
@@ -617,17 +652,13 @@ func (c *cycle) order() {
 	pol := c.pol
 	maxAge := float64(pol.MaxAge)
 	c.sizeRef = max(1, c.K)
-	starve := int64(pol.StarvationAge)
 	keys := c.keys[:0]
 	const maxClass, maxScore, maxSub = 1<<20 - 1, 1<<42 - 1, 1<<62 - 1
 	for i := range c.pending {
 		p := &c.pending[i]
 		wait := c.nowNs - p.sub
 		var k uint64
-		// Starvation is waiting in the queue, measured from when the job
-		// last entered it: a job just preempted is old but not starving,
-		// and must not take back the cards of the job that preempted it.
-		if starve > 0 && c.nowNs-p.since >= starve {
+		if p.starved {
 			// Starved jobs go first, oldest first.
 			k = 1<<63 | uint64(maxSub-min(maxSub, max(0, p.sub)))
 		} else {
@@ -645,7 +676,7 @@ func (c *cycle) order() {
 				int64(pol.Weights.Size)*quantize(size)
 			k |= uint64(min(maxScore, max(0, score)))
 		}
-		keys = append(keys, sortKey{key: ^k, sub: p.sub, idx: int32(i)})
+		keys = append(keys, sortKey{key: ^k, idx: int32(i)})
 	}
 	keys, c.scratch.keys = radixSort(keys, c.scratch.keys)
 	// Equal keys (rare: same class and score) fall back to submit time,
@@ -657,10 +688,11 @@ func (c *cycle) order() {
 		}
 		if hi-lo > 1 {
 			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
-				if a.sub != b.sub {
-					return cmp.Compare(a.sub, b.sub)
+				pa, pb := &c.pending[a.idx], &c.pending[b.idx]
+				if pa.sub != pb.sub {
+					return cmp.Compare(pa.sub, pb.sub)
 				}
-				return strings.Compare(c.idOf(&c.pending[a.idx]), c.idOf(&c.pending[b.idx]))
+				return strings.Compare(c.idOf(pa), c.idOf(pb))
 			})
 		}
 		lo = hi
@@ -675,49 +707,58 @@ func (c *cycle) order() {
 		rank[k.idx] = int32(r)
 	}
 	c.scratch.rank = rank
-	// The ids and records the plan names come along in the same pass, read
-	// in the order the cache keeps them.
 	n := len(c.pending)
 	ordered := slices.Grow(c.scratch.ordered[:0], n)[:n]
-	ids := slices.Grow(c.pendID[:0], n)[:n]
-	jobs := slices.Grow(c.pendJob[:0], n)[:n]
 	for i := range c.pending {
-		r := rank[i]
-		ordered[r] = c.pending[i]
-		d := &c.jc.recs[c.pending[i].rec]
-		ids[r], jobs[r] = d.id, d.j
+		ordered[rank[i]] = c.pending[i]
 	}
 	c.pending, c.scratch.ordered = ordered, c.pending
-	c.pendID, c.pendJob = ids, jobs
+	// The records and ids the plan names are gathered in a loop of their
+	// own: they hold pointers, and while the garbage collector marks,
+	// each pointer store also reads the word it overwrites — in order
+	// here, where a scatter would wait for each at a random place.
+	refs := slices.Grow(c.pendRef[:0], n)[:n]
+	for r := range ordered {
+		refs[r] = c.jc.refs[ordered[r].rec]
+	}
+	c.pendRef = refs
 }
 
 // radixSort sorts a by key (LSD, 11 bits a pass, stable), skipping passes
-// where every key has the same digit. It returns the sorted slice and the
-// other buffer.
+// where every key has the same digit. One read of the keys counts the
+// digits of every pass. It returns the sorted slice and the other buffer.
 func radixSort(a, tmp []sortKey) ([]sortKey, []sortKey) {
-	const width = 11
+	const width, passes = 11, 6 // the counting loop below has one line per pass
+	const _ = uint(passes*width-64) + uint(63-(passes-1)*width)
 	const buckets = 1 << width
 	if len(a) < 2 {
 		return a, tmp
 	}
 	tmp = slices.Grow(tmp[:0], len(a))[:len(a)]
-	var count [buckets]int
-	for shift := uint(0); shift < 64; shift += width {
-		clear(count[:])
-		for _, k := range a {
-			count[(k.key>>shift)&(buckets-1)]++
-		}
-		if count[(a[0].key>>shift)&(buckets-1)] == len(a) {
+	var count [passes][buckets]int32
+	for _, k := range a {
+		x := k.key
+		count[0][x&(buckets-1)]++
+		count[1][(x>>width)&(buckets-1)]++
+		count[2][(x>>(2*width))&(buckets-1)]++
+		count[3][(x>>(3*width))&(buckets-1)]++
+		count[4][(x>>(4*width))&(buckets-1)]++
+		count[5][(x>>(5*width))&(buckets-1)]++
+	}
+	for pass := range passes {
+		shift := uint(pass * width)
+		cnt := &count[pass]
+		if int(cnt[(a[0].key>>shift)&(buckets-1)]) == len(a) {
 			continue
 		}
-		sum := 0
-		for d := range count {
-			sum, count[d] = sum+count[d], sum
+		sum := int32(0)
+		for d := range cnt {
+			sum, cnt[d] = sum+cnt[d], sum
 		}
 		for _, k := range a {
 			d := (k.key >> shift) & (buckets - 1)
-			tmp[count[d]] = k
-			count[d]++
+			tmp[cnt[d]] = k
+			cnt[d]++
 		}
 		a, tmp = tmp, a
 	}

@@ -22,10 +22,10 @@ const (
 // reservation is not delayed (EASY backfill).
 func (c *cycle) accepts(i int32, p *pjob, g int, end int64) bool {
 	nd := &c.nodes[i]
-	if nd.n.CPU > 0 && nd.cpuFree < p.cpu {
+	if nd.cpuCap > 0 && nd.cpuFree < p.cpu {
 		return false
 	}
-	if nd.n.Memory > 0 && nd.memFree < p.mem {
+	if nd.memCap > 0 && nd.memFree < p.mem {
 		return false
 	}
 	if nd.reserved && end > c.resv.at && nd.extra < g {
@@ -38,7 +38,7 @@ func (c *cycle) accepts(i int32, p *pjob, g int, end int64) bool {
 // capacityOK reports whether the node could ever hold the job's CPU and
 // memory.
 func capacityOK(nd *node, p *pjob) bool {
-	return (nd.n.CPU == 0 || nd.n.CPU >= p.cpu) && (nd.n.Memory == 0 || nd.n.Memory >= p.mem)
+	return (nd.cpuCap == 0 || nd.cpuCap >= p.cpu) && (nd.memCap == 0 || nd.memCap >= p.mem)
 }
 
 // findSingle returns the best-fit ready node with at least g free cards:
@@ -414,10 +414,10 @@ func (c *cycle) commitStart(pi int32, nodes []int32, masks []uint64, end int64) 
 		}
 		pl.MemoryShare = p.share
 		st.Placements[k] = pl
-		if nd.n.CPU > 0 {
+		if nd.cpuCap > 0 {
 			nd.cpuFree -= p.cpu
 		}
-		if nd.n.Memory > 0 {
+		if nd.memCap > 0 {
 			nd.memFree -= p.mem
 		}
 		if nd.reserved && end > c.resv.at {

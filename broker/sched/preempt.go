@@ -42,21 +42,50 @@ func (c *cycle) possible(r *rights) bool {
 // failKey identifies jobs that would meet the same preemption result in
 // this cycle: cards only get scarcer as the cycle goes on, so a search
 // that failed for one job fails for the next with the same key. It packs
-// the rights and the job's shape into three words.
+// the rights and the job's shape into three words: the shape's part is
+// shapeKeyOf, the rights' part the flags (word 0, bits 24–29) and
+// needFree (word 2, low 16 bits).
 type failKey [3]uint64
 
 func failKeyOf(r *rights, p *pjob) failKey {
-	var flags uint64
-	for k, b := range []bool{r.latency, r.reclaim, r.projReclaim, r.queueReclaim, r.quotaOnly, r.ownProject} {
-		if b {
-			flags |= 1 << uint(k)
-		}
-	}
+	k := shapeKeyOf(p)
+	k[0] |= r.flags() << 24
+	k[2] |= uint64(uint16(min(r.needFree, 0xffff)))
+	return k
+}
+
+// shapeKeyOf is the part of a job's failKey that comes from the job: its
+// class, constraint, team, project, queue, nodes and cards.
+func shapeKeyOf(p *pjob) failKey {
 	return failKey{
-		uint64(uint32(r.class))<<32 | flags<<24 | uint64(uint32(p.cons))&0xffffff,
+		uint64(uint32(p.class))<<32 | uint64(uint32(p.cons))&0xffffff,
 		uint64(uint32(p.team))<<32 | uint64(uint32(p.project)),
-		uint64(uint32(p.queue))<<48 | uint64(uint16(min(p.n, 0xffff)))<<32 | uint64(uint32(p.g))&0xffff<<16 | uint64(uint16(min(r.needFree, 0xffff))),
+		uint64(uint32(p.queue))<<48 | uint64(uint16(min(p.n, 0xffff)))<<32 | uint64(uint32(p.g))&0xffff<<16,
 	}
+}
+
+// flags packs the rights' booleans into six bits.
+func (r *rights) flags() uint64 {
+	var f uint64
+	if r.latency {
+		f |= 1
+	}
+	if r.reclaim {
+		f |= 2
+	}
+	if r.projReclaim {
+		f |= 4
+	}
+	if r.queueReclaim {
+		f |= 8
+	}
+	if r.quotaOnly {
+		f |= 16
+	}
+	if r.ownProject {
+		f |= 32
+	}
+	return f
 }
 
 // rightsOf is what the job may preempt; over > 0 when it is at its quota
@@ -318,8 +347,16 @@ func (c *cycle) tryPreempt(pi int32, r rights) int64 {
 	if p.g <= 0 || !c.possible(&r) {
 		return 0
 	}
-	key := failKeyOf(&r, p)
-	if c.failed[key] {
+	// Most searches are for jobs within their quota (needFree 0): their
+	// failures are bits by the job's shape (pjob.shape: jobs with equal
+	// shapeKeyOf share it) and flags; the rest go to a map.
+	flags, byShape := r.flags(), r.needFree == 0
+	var key failKey
+	if byShape {
+		if c.shapeFailed[p.shape]&(1<<flags) != 0 {
+			return 0
+		}
+	} else if key = failKeyOf(&r, p); c.failed[key] {
 		return 0
 	}
 	var picks []nodePick
@@ -329,7 +366,11 @@ func (c *cycle) tryPreempt(pi int32, r rights) int64 {
 		picks = c.preemptGang(p, &r)
 	}
 	if picks == nil {
-		c.failed[key] = true
+		if byShape {
+			c.shapeFailed[p.shape] |= 1 << flags
+		} else {
+			c.failed[key] = true
+		}
 		return 0
 	}
 	at := c.nowNs
@@ -379,6 +420,9 @@ func (c *cycle) preemptSingle(p *pjob, r *rights) []nodePick {
 	for b := range c.lostSets {
 		if best != nil && best.cost.protected == 0 && lostFloor(b) > best.cost.lost {
 			break
+		}
+		if c.lostCount[b] == 0 {
+			continue
 		}
 		set := c.lostSets[b]
 		for i := set.next(0); i >= 0; i = set.next(i + 1) {

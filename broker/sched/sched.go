@@ -269,6 +269,6 @@ func (sc *Scheduler) Schedule(s *Snapshot) Plan {
 	c.order()
 	c.walk()
 	plan := c.finish()
-	placeBound(s, &plan)
+	c.placeBound(&plan)
 	return plan
 }

@@ -5,6 +5,7 @@ import "github.com/spillway-dev/spillway/broker"
 // scratch holds buffers reused within and across cycles.
 type scratch struct {
 	hold     []*broker.Job
+	bound    []*broker.Job // provisioning jobs bound to a burst machine
 	look     []jobLook
 	names    []string
 	cards    []int32

@@ -18,11 +18,17 @@ func (c *cycle) walk() {
 	}
 	c.scratch.pos = pos
 	c.rctx = &reasonCtx{now: c.nowNs}
-	c.plan = Plan{Pending: slices.Grow(c.pendBuf[:0], len(c.pending))}
+	// Each job's entry is written in place, in the slot after the last
+	// entry; it becomes part of the plan unless the job starts.
+	pend := slices.Grow(c.pendBuf[:0], len(c.pending))
 	for k := range c.pending {
 		pi := int32(k)
 		p := &c.pending[pi]
-		r := Reason{ctx: c.rctx, g: int32(p.g), n: int32(p.n), share: p.share, model: p.cons, queue: p.queue}
+		ref := &c.pendRef[pi]
+		e := &pend[:len(pend)+1][len(pend)]
+		*e = Pending{Job: ref.id, j: ref.j,
+			Reason: Reason{ctx: c.rctx, g: int32(p.g), n: int32(p.n), share: p.share, model: p.cons, queue: p.queue}}
+		r := &e.Reason
 		switch over, project := c.quotaOver(p); {
 		case p.notBefore > c.nowNs:
 			r.kind, r.at = kindBackoff, p.notBefore
@@ -31,7 +37,7 @@ func (c *cycle) walk() {
 				r.kind, r.est, r.victims = kindPreempting, at, c.victimText()
 				c.addUse(p.team, p.project, p.queue, p.g*p.n)
 			} else {
-				c.quotaReason(&r, p, project)
+				c.quotaReason(r, p, project)
 			}
 		case c.tryStart(pi):
 			continue
@@ -51,12 +57,13 @@ func (c *cycle) walk() {
 			}
 			// sawBackfill now says whether placing, claiming or preempting
 			// was refused for the head's reservation.
-			c.blocked(pi, &r, miss, c.sawBackfill)
+			c.blocked(pi, r, miss, c.sawBackfill)
 		}
 		pos[p.queue]++
 		r.pos = pos[p.queue]
-		c.plan.Pending = append(c.plan.Pending, Pending{Job: c.pendID[pi], Reason: r, j: c.pendJob[pi]})
+		pend = pend[:len(pend)+1]
 	}
+	c.plan = Plan{Pending: pend}
 }
 
 // BurstDemand lists the pending jobs that may run on rented capacity
@@ -161,8 +168,29 @@ func (c *cycle) blocked(pi int32, r *Reason, miss miss, sawBackfill bool) {
 }
 
 // canEverFit reports whether some ready node (or gang group) has enough
-// healthy cards for the job, whoever holds them now.
+// healthy cards for the job, whoever holds them now. Nodes do not change
+// during a cycle: the answer for a shape without CPU or memory is kept.
 func (c *cycle) canEverFit(p *pjob) bool {
+	if p.cpu != 0 || p.mem != 0 || p.g <= 0 || p.g >= 64 || p.n >= 64 {
+		return c.everFit(p)
+	}
+	word, bit := int(p.cons)*64+p.g, uint64(1)<<uint(p.n)
+	if word < len(c.everKnown) && c.everKnown[word]&bit != 0 {
+		return c.everFits[word]&bit != 0
+	}
+	for len(c.everKnown) <= word {
+		c.everKnown, c.everFits = append(c.everKnown, 0), append(c.everFits, 0)
+	}
+	ok := c.everFit(p)
+	c.everKnown[word] |= bit
+	if ok {
+		c.everFits[word] |= bit
+	}
+	return ok
+}
+
+// everFit is canEverFit computed.
+func (c *cycle) everFit(p *pjob) bool {
 	if p.g <= 0 {
 		return false
 	}
