@@ -100,12 +100,32 @@ func (p *waitProgress) transcript(raw json.RawMessage) {
 }
 
 // done prints the burst machine's remaining steps once the job has left
-// the queue: the agent may register and take the job between two polls.
+// the queue: the agent may register and take the job between two polls,
+// and the job may even start before the broker has recorded the
+// machine's registration (the record is written by its launch worker
+// just after the agent's first report). So it waits, up to doneWait,
+// until the record shows the registration or an end.
 func (p *waitProgress) done(ctx context.Context, c *client.Client) {
 	if p.machine == "" {
 		return
 	}
-	if inst, err := c.Instance(ctx, p.machine); err == nil {
+	deadline := time.Now().Add(doneWait)
+	for {
+		inst, err := c.Instance(ctx, p.machine)
+		if err != nil {
+			return
+		}
 		p.instance(inst.InstanceRecord)
+		if p.bootstrap || inst.State.Ended() || inst.State == broker.MachineReady || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
+
+// doneWait bounds how long done waits for the machine's record.
+const doneWait = 10 * time.Second
