@@ -19,9 +19,12 @@ import (
 //  1. Start: every member stages, then waits at the start barrier and
 //     reports its preflight; rank 0 holds MASTER_PORT open. When all are
 //     staged and agree, the others probe MASTER_ADDR:MASTER_PORT; when all
-//     reach it the broker releases every member at once. A difference or
-//     an unreachable port fails the attempt, names the member and the
-//     difference, and the pairing is recorded so the scheduler avoids it.
+//     reach it the broker releases rank 0, and the others as soon as rank
+//     0 reports it has left the barrier (its holder closed, its command
+//     started), so no member can connect to the holder in place of rank
+//     0's command. A difference or an unreachable port fails the attempt,
+//     names the member and the difference, and the pairing is recorded so
+//     the scheduler avoids it.
 //  2. Stop: the first member to fail or be lost makes the broker stop the
 //     others with the job's checkpoint signal and grace. The attempt ends
 //     when the last member has ended, and the job goes back to the queue
@@ -169,7 +172,7 @@ func (s *Server) notePreflightLocked(j *broker.Job, rank int, p *agentapi.Prefli
 	}
 	b.release = true
 	s.log.Info("gang released", "job", j.ID, "attempt", j.Attempt, "members", len(b.pre))
-	s.wakeMembersLocked(j)
+	s.wakeNodeLocked(node(0))
 	return nil
 }
 
@@ -218,7 +221,7 @@ func (s *Server) gangOrdersLocked(node string) []agentapi.GangOrder {
 		ref := agentapi.JobRef{Job: j.ID, Attempt: j.Attempt}
 		m := b.pre[rank]
 		switch {
-		case b.release:
+		case b.release && (rank == 0 || b.pre[0] == nil):
 			out = append(out, agentapi.GangOrder{JobRef: ref, Release: true})
 		case b.probe && rank > 0 && !m.Probed && !m.Probing:
 			out = append(out, agentapi.GangOrder{JobRef: ref, Probe: true})
@@ -228,11 +231,16 @@ func (s *Server) gangOrdersLocked(node string) []agentapi.GangOrder {
 }
 
 // noteGatedLocked forgets a member's preflight once it no longer waits at
-// the barrier (its command runs).
+// the barrier (its command runs). Rank 0 leaving a released barrier lets
+// the other members go: they are woken for their release.
 func (s *Server) noteGatedLocked(j *broker.Job, rank int, p *agentapi.Preflight) {
 	b := s.barriers[j.ID]
-	if p == nil && b != nil && b.attempt == j.Attempt && rank < len(b.pre) {
-		b.pre[rank] = nil
+	if p != nil || b == nil || b.attempt != j.Attempt || rank >= len(b.pre) || b.pre[rank] == nil {
+		return
+	}
+	b.pre[rank] = nil
+	if rank == 0 && b.release {
+		s.wakeMembersLocked(j)
 	}
 }
 

@@ -54,13 +54,10 @@ func (g *gate) report() *agentapi.Preflight {
 	return &p
 }
 
-// open releases the barrier (the broker's order).
-func (g *gate) open() {
-	g.mu.Lock()
-	g.waiting = false
-	g.mu.Unlock()
-	g.once.Do(func() { close(g.release) })
-}
+// open releases the barrier (the broker's order). The member keeps
+// reporting its preflight until barrier has closed rank 0's holder: the
+// broker releases the other members only once rank 0's report has none.
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
 
 // cancel ends the wait without a start (a stop order).
 func (g *gate) cancel() { g.stopped.Do(func() { close(g.stop) }) }
@@ -130,6 +127,7 @@ func (ag *Agent) barrier(r *run, g *gate, image string) error {
 			g.ln.Close() // the job binds MASTER_PORT itself
 		}
 		g.mu.Unlock()
+		ag.wake() // rank 0's report without a preflight releases the others
 	}()
 	select {
 	case <-g.release:
