@@ -143,7 +143,7 @@ image: ## the broker's container image from dist/'s binary (make dist first): po
 	$(PODMAN) build --platform linux/$(IMAGE_ARCH) $(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) -t $(IMAGE_TAG) -f Containerfile $(IMAGE_CONTEXT)
 
 .PHONY: check
-check: ## gofmt, go vet, go.mod tidy, import boundaries (client/api without server, config without adapters, binary without testing), docs/architecture.md lists every package, no InsecureIgnoreHostKey outside tests
+check: ## gofmt, go vet, go.mod tidy, import boundaries (client/api without server, config without adapters, binary without testing), docs/architecture.md lists every package, the broker lock taken only through s.lock(), no InsecureIgnoreHostKey outside tests
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy (run go mod tidy):"; $(GO) mod tidy -diff; exit 1; }
@@ -161,6 +161,8 @@ check: ## gofmt, go vet, go.mod tidy, import boundaries (client/api without serv
 	@$(GO) run ./cmd/archdoc -check docs/architecture.md
 	@bad=$$($(GO) list -deps ./cmd/spillway | grep -x testing || true); \
 		if [ -n "$$bad" ]; then echo "the spillway binary links package testing:"; $(GO) list -f '{{.ImportPath}}: {{join .Imports " "}}' -deps ./cmd/spillway | grep -w testing | grep -v '^testing'; exit 1; fi
+	@bad=$$(git grep -nE '(^|[^A-Za-z0-9_])s\.mu\.(Lock|TryLock)\(\)' -- 'broker/server/*.go' ':!*_test.go' ':!broker/server/submitted.go' || true); \
+		if [ -n "$$bad" ]; then echo "broker/server takes its lock directly; take it with s.lock(), which applies the jobs submitted meanwhile:"; echo "$$bad"; exit 1; fi
 	@bad=$$(git grep -n 'InsecureIgnoreHostKey' -- '*.go' ':!*_test.go' ':!integration/**' || true); \
 		if [ -n "$$bad" ]; then echo "ssh.InsecureIgnoreHostKey outside tests:"; echo "$$bad"; exit 1; fi
 	@echo "check: ok"

@@ -21,8 +21,8 @@ func newIDSource() *idSource {
 	return &idSource{entropy: ulid.Monotonic(rand.Reader, 0)}
 }
 
-func (s *idSource) next(now time.Time) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return ulid.MustNew(ulid.Timestamp(now), s.entropy).String()
+func (ids *idSource) next(now time.Time) string {
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	return ulid.MustNew(ulid.Timestamp(now), ids.entropy).String()
 }
