@@ -417,13 +417,19 @@ func (s *Server) prepareSyncLocked(ctx context.Context, req *agentapi.SyncReques
 			resp.Ack = append(resp.Ack, r.JobRef)
 		}
 	}
-	// Jobs the broker has on this node that the agent does not report.
-	for _, j := range s.holdingOnLocked(n.Name) {
-		ref := agentapi.JobRef{Job: j.ID, Attempt: j.Attempt}
-		if _, ok := reported[ref]; ok || changed[j.ID] != nil {
+	// Jobs the broker has on this node that the agent does not report. A
+	// gang member is checked on its job as the reports before this one in
+	// the batch left it (another member's report may have changed it).
+	for _, held := range s.holdingOnLocked(n.Name) {
+		ref := agentapi.JobRef{Job: held.ID, Attempt: held.Attempt}
+		if _, ok := reported[ref]; ok {
 			continue
 		}
-		p, rank, _ := placedOn(j, n.Name)
+		j := get(held.ID)
+		p, rank, ok := placedOn(j, n.Name)
+		if j.Attempt != held.Attempt || !j.State.Holding() || !ok {
+			continue
+		}
 		if p.Ended != nil {
 			continue // this gang member has ended; the others are stopping
 		}

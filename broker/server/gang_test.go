@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"testing"
 
 	"github.com/spillway-dev/spillway/onprem/agentapi"
@@ -65,5 +66,44 @@ func TestGangReleasesRankZeroFirst(t *testing.T) {
 	orders(rank0)
 	if _, release := orders(rank1); !release {
 		t.Fatal("rank 1 not released after rank 0 left the barrier")
+	}
+}
+
+// TestBatchedReportsCheckEveryGangMember: when the reports of both members'
+// agents are recorded in one batch and the first one changes the gang (its
+// member failed), the second agent's silence about its member is still
+// noticed in that batch: the member is lost and the attempt ends, instead
+// of waiting for that agent's next report.
+func TestBatchedReportsCheckEveryGangMember(t *testing.T) {
+	h := newHarness(t)
+	a, b := h.agent("node-a", 2), h.agent("node-b", 2)
+	j := h.submit(tokAlice, `{"resources": {"gpus": 2, "nodes": 2}, "command": ["x"]}`)
+	h.cycle()
+	a.sync()
+	b.sync()
+	for _, ag := range []*fakeAgent{a, b} {
+		for _, r := range ag.jobs {
+			r.Preflight = nil // past the barrier: both commands run
+		}
+		ag.sync()
+	}
+	if got := h.job(j.ID); got.State != "running" {
+		t.Fatalf("gang is %s, want running", got.State)
+	}
+	a.exit(j.ID, 1, "")
+	reqA, reqB := a.request(), b.request()
+	reqB.Jobs = nil // node-b's agent no longer reports its member
+	calls := []*syncCall{{req: &reqA}, {req: &reqB}}
+	h.srv.lock()
+	h.srv.recordSyncsLocked(context.Background(), calls)
+	h.srv.mu.Unlock()
+	for _, c := range calls {
+		if c.err != nil {
+			t.Fatal(c.err)
+		}
+	}
+	got := h.job(j.ID)
+	if got.State.Holding() {
+		t.Fatalf("gang still %s after both members' reports: placements %+v", got.State, got.Placements)
 	}
 }
