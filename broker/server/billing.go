@@ -252,6 +252,17 @@ func billingTeam(c echo.Context) (string, error) {
 	return team, nil
 }
 
+// teamPeriod is what every billing and report query names: the team it
+// is restricted to (billingTeam) and its period (billingPeriod).
+func (s *Server) teamPeriod(c echo.Context) (string, billing.Period, error) {
+	team, err := billingTeam(c)
+	if err != nil {
+		return "", billing.Period{}, err
+	}
+	period, err := s.billingPeriod(c)
+	return team, period, err
+}
+
 // billingPeriod reads ?month=YYYY-MM or ?from=&to= (dates or RFC 3339).
 func (s *Server) billingPeriod(c echo.Context) (billing.Period, error) {
 	loc := s.cfg().BillingCompiled().TimeZone
@@ -281,11 +292,7 @@ func (s *Server) billingPeriod(c echo.Context) (billing.Period, error) {
 // usage serves GET /v1/billing/usage: GPU-hours, effective GPU-hours and
 // cost grouped by ?by=team,pool,….
 func (s *Server) usage(c echo.Context) error {
-	team, err := billingTeam(c)
-	if err != nil {
-		return err
-	}
-	period, err := s.billingPeriod(c)
+	team, period, err := s.teamPeriod(c)
 	if err != nil {
 		return err
 	}
@@ -304,11 +311,7 @@ func (s *Server) usage(c echo.Context) error {
 // export serves GET /v1/billing/export: the ledger for a period as FOCUS
 // CSV or JSON.
 func (s *Server) export(c echo.Context) error {
-	team, err := billingTeam(c)
-	if err != nil {
-		return err
-	}
-	period, err := s.billingPeriod(c)
+	team, period, err := s.teamPeriod(c)
 	if err != nil {
 		return err
 	}

@@ -47,11 +47,7 @@ func (s *Server) explainJob(c echo.Context) error {
 // utilizationReport serves GET /v1/reports/utilization: JSON, or CSV with
 // ?format=csv (?table=rows, jobs or cards).
 func (s *Server) utilizationReport(c echo.Context) error {
-	team, err := billingTeam(c)
-	if err != nil {
-		return err
-	}
-	period, err := s.billingPeriod(c)
+	team, period, err := s.teamPeriod(c)
 	if err != nil {
 		return err
 	}
@@ -88,11 +84,7 @@ func (s *Server) utilizationReport(c echo.Context) error {
 
 // deliveryReport serves GET /v1/reports/delivery.
 func (s *Server) deliveryReport(c echo.Context) error {
-	team, err := billingTeam(c)
-	if err != nil {
-		return err
-	}
-	period, err := s.billingPeriod(c)
+	team, period, err := s.teamPeriod(c)
 	if err != nil {
 		return err
 	}
