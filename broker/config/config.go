@@ -58,7 +58,7 @@ type Config struct {
 	Providers []Provider `json:"providers,omitempty"`
 	// HA is the leader election of brokers sharing a Redis store.
 	HA HA `json:"ha,omitempty"`
-	// Slurm makes the broker a Slurm site's burst provider (slurm.go,
+	// Slurm makes the broker a Slurm site's burst provider (broker/slurmdoor,
 	// docs/slurm.md); absent when the site runs no Slurm.
 	Slurm *Slurm `json:"slurm,omitempty"`
 

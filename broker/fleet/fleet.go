@@ -94,7 +94,8 @@ type Broker interface {
 	// AgentRuntime is the runtime a machine's agent gets.
 	AgentRuntime(provider string) *jobrt.Config
 	// SlurmBootstrap brings up slurmd on a Slurm node's machine instead of
-	// the agent; SlurmDown sets a node DOWN with a reason (slurm.go).
+	// the agent; SlurmDown sets a node DOWN with a reason (both
+	// broker/slurmdoor's, wired by the server).
 	SlurmBootstrap(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) error
 	SlurmDown(ctx context.Context, node, reason string)
 }

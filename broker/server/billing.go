@@ -153,7 +153,7 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 		}
 		allocs = append(allocs, a)
 	}
-	allocs = append(allocs, s.slurmAllocsLocked(cursor)...)
+	allocs = append(allocs, s.slurm.AllocsLocked(cursor)...)
 	comp := s.cfg().BillingCompiled()
 	res, err := billing.MeterCycle(ctx, ledger, ledger, comp.Meter, allocs, machines, ms(now))
 	for _, p := range res.Problems {

@@ -22,6 +22,7 @@ func (s *Server) initFleet(ctx context.Context, opt Options) error {
 	s.fleet = fleet.New(fleet.Options{Broker: fleetState{s}, Store: s.store, Clock: s.clock, Logger: s.log,
 		Metrics: fleet.Metrics{BurstLead: s.metrics.burstLead, BudgetUsed: s.metrics.budgetUsed, BudgetAlerts: s.metrics.budgetAlerts},
 		Config:  s.cfg, Adapters: s.adapt, Providers: opt.Providers, Bootstrap: opt.Bootstrap})
+	s.initSlurm()
 	return s.fleet.Init(ctx)
 }
 
@@ -176,9 +177,9 @@ func (f fleetState) BrokerCA() string { return f.s.brokerCA() }
 func (f fleetState) AgentRuntime(provider string) *jobrt.Config { return f.s.burstRuntime(provider) }
 
 func (f fleetState) SlurmBootstrap(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) error {
-	return f.s.stepSlurmd(ctx, rec, prov)
+	return f.s.slurm.Bootstrap(ctx, rec, prov)
 }
 
 func (f fleetState) SlurmDown(ctx context.Context, node, reason string) {
-	f.s.slurmDown(ctx, f.s.slurmCommands(), node, reason)
+	f.s.slurm.Down(ctx, node, reason)
 }

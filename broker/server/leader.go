@@ -48,7 +48,7 @@ var errNotLeader = newError(http.StatusServiceUnavailable, "not_leader", "this b
 // metering), the burst controller and the scheduled billing exports. Add
 // new leader-only work here.
 func (s *Server) leaderTasks() []func(context.Context) {
-	return []func(context.Context){s.loop, s.fleet.Loop, s.runExports, s.slurmLoop}
+	return []func(context.Context){s.loop, s.fleet.Loop, s.runExports, s.slurm.Loop}
 }
 
 // initHA makes the broker a standby under elector until it wins a lease.

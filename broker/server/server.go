@@ -28,6 +28,7 @@ import (
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/fleet"
 	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/broker/slurmdoor"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/providers"
 )
@@ -130,8 +131,9 @@ type Server struct {
 	// burstWhy is the burst decision's last word on each waiting job
 	// (fleet.Broker's NoteReasons).
 	burstWhy map[string]broker.PendingReason
-	// slurm is the broker as Slurm's burst provider (slurm.go).
-	slurm slurmState
+	// slurm is the broker as Slurm's burst provider (broker/slurmdoor,
+	// wired in slurm.go).
+	slurm *slurmdoor.Door
 	// nodeWake[n] is closed (and replaced) when node n has new orders.
 	nodeWake map[string]chan struct{}
 	// schedWake asks the loop for a cycle now.

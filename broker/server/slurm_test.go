@@ -11,11 +11,9 @@ import (
 
 	"github.com/spillway-dev/spillway/broker/api"
 
-	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
-	"github.com/spillway-dev/spillway/broker/slurm"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/fake"
 )
@@ -82,11 +80,13 @@ func TestSlurmResume(t *testing.T) {
 			t.Fatalf("budget %s: %d", scope, code)
 		}
 	}
-	go h.srv.slurmLoop(h.ctx) // a leader task (the harness runs none)
+	var refused map[string]map[string]string
+	if code := h.do("POST", "/v1/slurm/resume", tokAdmin, api.SlurmRequest{Nodes: "burst-1"}, &refused); code != http.StatusServiceUnavailable || refused["error"]["code"] != "not_leader" {
+		t.Fatalf("resume without a leader term's slurm loop: %d %v", code, refused)
+	}
+	go h.srv.slurm.Loop(h.ctx) // a leader task (the harness runs none)
 	waitUntil(t, "the leader's slurm loop runs", func() bool {
-		h.srv.lock()
-		defer h.srv.mu.Unlock()
-		return h.srv.slurm.ctx != nil
+		return h.do("POST", "/v1/slurm/suspend", tokAdmin, api.SlurmRequest{Nodes: "burst-2"}, nil) == http.StatusOK
 	})
 	if code := h.do("POST", "/v1/slurm/resume", tokAlice, api.SlurmRequest{Nodes: "burst-1"}, nil); code != http.StatusForbidden {
 		t.Fatalf("a user may not resume nodes: %d", code)
@@ -155,102 +155,5 @@ func TestSlurmResume(t *testing.T) {
 	res = api.SlurmResult{}
 	if code := h.do("POST", "/v1/slurm/suspend", tokAdmin, api.SlurmRequest{Nodes: "burst-2"}, &res); code != http.StatusOK || res.Nodes[0].Action != "none" {
 		t.Fatalf("suspend: %d %+v", code, res)
-	}
-}
-
-func TestSlurmdSteps(t *testing.T) {
-	key := filepath.Join(t.TempDir(), "munge.key")
-	if err := os.WriteFile(key, []byte("secret-key"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &config.Slurm{Node: config.SlurmNode{MungeKeyFile: key, MungeKeyPath: "/etc/munge/munge.key", MungeSocket: "/run/munge/munge.socket.2",
-		ConfigFiles: []string{key}, Slurmd: "slurmd", SlurmdArgs: []string{"-b"}}}
-	steps, err := slurmdSteps(cfg, "burst-1", "/opt/spillway/slurmd-burst-1.pid")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, s := range steps {
-		names = append(names, s.Name)
-		if strings.Contains(s.Script, "secret-key") {
-			t.Errorf("step %s puts the key on the command line", s.Name)
-		}
-	}
-	if strings.Join(names, ",") != "slurmd and munge installed,munge key,config munge.key,start slurmd" {
-		t.Fatalf("steps %v", names)
-	}
-	if string(steps[1].Stdin) != "secret-key" {
-		t.Fatal("the munge key is not streamed on stdin")
-	}
-	start := steps[3].Script
-	for _, want := range []string{"SLURM_CONF='" + key + "' setsid 'slurmd' -D -N 'burst-1' '-b'", "echo $! > '/opt/spillway/slurmd-burst-1.pid'"} {
-		if !strings.Contains(start, want) {
-			t.Errorf("start script lacks %q:\n%s", want, start)
-		}
-	}
-}
-
-func TestSlurmAllocs(t *testing.T) {
-	launched, ended := t0, t0.Add(time.Hour)
-	h, _ := slurmHarness(t) // its provider "cloud" is a cloud pool
-	s := h.srv
-	s.lock()
-	defer s.mu.Unlock()
-	err := s.fleet.PutRecordLocked(h.ctx, &broker.InstanceRecord{ID: "spw-1", Provider: "cloud", Team: "nlp", SlurmNode: "burst-1",
-		State: broker.MachineTerminated, Offer: providers.Offer{InstanceType: "small", GPUModel: "H100", GPUs: 1}, LaunchedAt: &launched, TerminatedAt: &ended,
-		SlurmJobs: []slurm.Job{
-			{ID: "7", Account: "vision", User: "ann", Partition: "burst", GPUs: 1, Start: t0.Add(time.Minute), End: t0.Add(2 * time.Minute)},
-			{ID: "8", GPUs: 2, Start: t0.Add(3 * time.Minute)}, // still running when the machine ended; more GPUs than it has
-			{ID: "9", GPUs: 0, Start: t0.Add(3 * time.Minute)}, // no GPU: its time stays overhead
-		}}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := s.slurmAllocsLocked(time.Time{})
-	if len(got) != 2 {
-		t.Fatalf("allocations %+v", got)
-	}
-	a, b := got[0], got[1]
-	if a.Job != "slurm:7" || a.Team != "nlp" || a.Project != "vision" || a.User != "ann" || a.Queue != "burst" || a.GPUMilli != 1000 ||
-		!a.End.Equal(t0.Add(2*time.Minute)) || a.Pool.InstanceID != "spw-1" || a.Pool.Node != "burst-1" || a.Pool.Kind != billing.PoolCloud {
-		t.Fatalf("job 7: %+v", a)
-	}
-	if b.Job != "slurm:8" || b.GPUMilli != 1000 || !b.End.Equal(ended) {
-		t.Fatalf("job 8 is capped to the machine's GPUs and end: %+v", b)
-	}
-}
-
-func TestMergeSlurmJobs(t *testing.T) {
-	h, _ := slurmHarness(t)
-	launched := t0
-	for _, r := range []*broker.InstanceRecord{
-		{ID: "spw-1", Provider: "cloud", State: broker.MachineReady, SlurmNode: "burst-1", LaunchedAt: &launched,
-			SlurmJobs: []slurm.Job{{ID: "5", GPUs: 1, Start: t0.Add(time.Minute)}}},
-		{ID: "spw-2", Provider: "cloud", State: broker.MachineReady, SlurmNode: "burst-2", LaunchedAt: &launched,
-			SlurmJobs: []slurm.Job{{ID: "6", GPUs: 1, Start: t0.Add(time.Minute)}}},
-	} {
-		h.srv.lock()
-		err := h.srv.fleet.PutRecordLocked(h.ctx, r, nil, nil)
-		h.srv.mu.Unlock()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	h.clock.Set(t0.Add(10 * time.Minute))
-	// squeue asked about burst-1 only: job 7 is new there, job 4 ran on an
-	// earlier machine of the node, job 5 is gone; burst-2's job 6 is
-	// untouched (it was not asked about).
-	h.srv.mergeSlurmJobs(h.ctx, []string{"burst-1"}, []slurm.Job{
-		{ID: "7", GPUs: 1, Start: t0.Add(2 * time.Minute), Nodes: []string{"burst-1"}, State: "RUNNING"},
-		{ID: "4", GPUs: 1, Start: t0.Add(-time.Hour), End: t0.Add(-50 * time.Minute), Nodes: []string{"burst-1"}},
-	})
-	r1, _ := h.srv.fleet.Record("spw-1")
-	r2, _ := h.srv.fleet.Record("spw-2")
-	if len(r1.SlurmJobs) != 2 || r1.SlurmJobs[0].ID != "5" || !r1.SlurmJobs[0].End.Equal(t0.Add(10*time.Minute)) ||
-		r1.SlurmJobs[1].ID != "7" || !r1.SlurmJobs[1].End.IsZero() {
-		t.Fatalf("burst-1 jobs: %+v", r1.SlurmJobs)
-	}
-	if len(r2.SlurmJobs) != 1 || !r2.SlurmJobs[0].End.IsZero() {
-		t.Fatalf("burst-2 jobs changed: %+v", r2.SlurmJobs)
 	}
 }
