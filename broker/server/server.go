@@ -103,8 +103,10 @@ type Server struct {
 	// tokenSt is the auth tokens in force (tokens.go); its own lock.
 	tokenSt tokenState
 	// view is the jobs, nodes, placements by node, pending reasons and I/O
-	// readings (broker/state); mu guards it and commitLocked is its one
-	// writer of committed changes.
+	// readings (broker/state); mu guards it, reads included. commitLocked
+	// applies what the store accepted to it (State.Apply); what is kept
+	// in memory only (reasons, I/O readings, a node's LastSeen) is set
+	// through its own methods.
 	view *state.State
 	// telemetry is the latest GPU sample of each node, owners its
 	// processes' jobs.
