@@ -76,14 +76,14 @@ func (s *Server) register(c echo.Context) error {
 	if err := s.checkLeaderLocked(); err != nil {
 		return err
 	}
-	if old, ok := s.nodes[req.Node]; ok && old.Credential != "" && old.Credential != p.Credential && !(p.Credential != "" && s.credRevoked(ctx, old.Credential)) {
+	if old := s.view.Node(req.Node); old != nil && old.Credential != "" && old.Credential != p.Credential && !(p.Credential != "" && s.credRevoked(ctx, old.Credential)) {
 		// An enrolled name is its credential's alone: a shared agent token
 		// (or another node's) cannot take it over and fail its jobs.
 		return errForbidden("node %s is enrolled with its own credential; this token may not register it", req.Node)
 	}
 	now := s.clock.Now()
 	n := &broker.Node{Name: req.Node, Pool: "onprem"}
-	if old, ok := s.nodes[req.Node]; ok {
+	if old := s.view.Node(req.Node); old != nil {
 		n = cloneNode(old)
 	} else {
 		n.RegisteredAt = now
@@ -108,7 +108,7 @@ func (s *Server) register(c echo.Context) error {
 	n.AgentVersion = req.AgentVersion
 	n.Address = c.RealIP()
 	var jobs []*broker.Job
-	for _, j := range s.holdingOnLocked(n.Name) {
+	for _, j := range s.view.HoldingOn(n.Name) {
 		jj := cloneJob(j)
 		s.loseOnLocked(jj, n.Name, now, now, "agent_restarted", fmt.Sprintf("the agent on %s restarted (generation %d)", n.Name, n.Generation))
 		jobs = append(jobs, jj)
@@ -300,7 +300,7 @@ func (s *Server) recordSyncsLocked(ctx context.Context, calls []*syncCall) {
 		return
 	}
 	for _, p := range preps {
-		s.nodes[p.node.Name] = p.node // LastSeen lives in memory even when not written
+		s.view.NoteSeen(p.node) // LastSeen lives in memory even when not written
 		p.resp.Start, p.resp.Stop = s.ordersLocked(p.node.Name, p.reported)
 		p.resp.Gang = s.gangOrdersLocked(p.node.Name)
 		p.call.resp, p.call.done = p.resp, true
@@ -316,8 +316,8 @@ func (s *Server) recordSyncsLocked(ctx context.Context, calls []*syncCall) {
 // prepareSyncLocked computes what one heartbeat changes: jobs into
 // changed (read there first), the node, and the log writes.
 func (s *Server) prepareSyncLocked(ctx context.Context, req *agentapi.SyncRequest, changed map[string]*broker.Job) (*syncPrep, error) {
-	old, ok := s.nodes[req.Node]
-	if !ok {
+	old := s.view.Node(req.Node)
+	if old == nil {
 		return nil, newError(http.StatusNotFound, "unknown_node", "node %s is not registered; register first", req.Node)
 	}
 	if req.Generation != old.Generation {
@@ -359,7 +359,7 @@ func (s *Server) prepareSyncLocked(ctx context.Context, req *agentapi.SyncReques
 		if j, ok := changed[id]; ok {
 			return j
 		}
-		return s.jobs[id]
+		return s.view.Job(id)
 	}
 	mine := func(r agentapi.JobRef) *broker.Job {
 		j := get(r.Job)
@@ -420,7 +420,7 @@ func (s *Server) prepareSyncLocked(ctx context.Context, req *agentapi.SyncReques
 	// Jobs the broker has on this node that the agent does not report. A
 	// gang member is checked on its job as the reports before this one in
 	// the batch left it (another member's report may have changed it).
-	for _, held := range s.holdingOnLocked(n.Name) {
+	for _, held := range s.view.HoldingOn(n.Name) {
 		ref := agentapi.JobRef{Job: held.ID, Attempt: held.Attempt}
 		if _, ok := reported[ref]; ok {
 			continue
@@ -454,7 +454,7 @@ func (s *Server) prepareSyncLocked(ctx context.Context, req *agentapi.SyncReques
 	logLimit := int64(s.cfg().Agents.LogLimit)
 	extra := func(tx broker.Tx) error {
 		for _, ch := range req.Logs {
-			j := s.jobs[ch.Job]
+			j := s.view.Job(ch.Job)
 			if j == nil || j.Attempt != ch.Attempt {
 				continue // a chunk of an attempt the broker no longer tracks
 			}
@@ -486,7 +486,7 @@ func (s *Server) ordersLocked(node string, reported map[agentapi.JobRef]agentapi
 	var starts []agentapi.Assignment
 	var stops []agentapi.StopOrder
 	ours := map[agentapi.JobRef]bool{}
-	for _, j := range s.holdingOnLocked(node) {
+	for _, j := range s.view.HoldingOn(node) {
 		ref := agentapi.JobRef{Job: j.ID, Attempt: j.Attempt}
 		ours[ref] = true
 		if p, _, _ := placedOn(j, node); p.Ended != nil {
@@ -553,7 +553,7 @@ func (s *Server) assignment(j *broker.Job, node string) agentapi.Assignment {
 	if p.MemoryShare > 0 {
 		// A sharer's compute share follows its memory share; the agent
 		// exports it where MPS runs.
-		if n := s.nodes[node]; n != nil && len(n.Inventory.Devices) > 0 && n.Inventory.Devices[0].MemoryBytes > 0 {
+		if n := s.view.Node(node); n != nil && len(n.Inventory.Devices) > 0 && n.Inventory.Devices[0].MemoryBytes > 0 {
 			a.ComputeShare = int(min(100, max(1, p.MemoryShare*100/n.Inventory.Devices[0].MemoryBytes)))
 		}
 	}

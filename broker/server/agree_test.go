@@ -408,7 +408,7 @@ func (r *agreeRig) step(now time.Time) {
 func (r *agreeRig) done() bool {
 	r.srv.lock()
 	defer r.srv.mu.Unlock()
-	if len(r.srv.jobs) > 0 || len(r.names) < len(agreeTrace) {
+	if r.srv.view.JobCount() > 0 || len(r.names) < len(agreeTrace) {
 		return false
 	}
 	for _, rec := range r.srv.fleet.RecordsLocked() {

@@ -89,7 +89,7 @@ func (s *Server) allocChangesLocked(tx broker.Tx, old, j *broker.Job, now time.T
 
 // allocRecord describes one placement for the meter.
 func (s *Server) allocRecord(j *broker.Job, p broker.Placement, now time.Time) broker.AllocRecord {
-	n := s.nodes[p.Node]
+	n := s.view.Node(p.Node)
 	pool := billing.Pool{Kind: billing.PoolOnPrem, Node: p.Node}
 	model := ""
 	var cardMem int64
@@ -148,7 +148,7 @@ func (s *Server) meterLocked(ctx context.Context, now time.Time) error {
 	for _, r := range recs {
 		a := r.Allocation
 		a.Util = utilFor(util, r)
-		if j := s.jobs[r.Job]; a.End.IsZero() && j != nil {
+		if j := s.view.Job(r.Job); a.End.IsZero() && j != nil {
 			a.Staging = stagingSpans(j.Data, r.Attempt)
 		}
 		allocs = append(allocs, a)

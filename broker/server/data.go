@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/state"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/onprem/staging"
@@ -110,30 +111,21 @@ var (
 	dataWaitWindow        = time.Minute
 )
 
-// ioState is the previous reading of one attempt's I/O.
-type ioState struct {
-	attempt int
-	at      time.Time
-	bytes   int64
-	// since is when low compute with high I/O began (zero: not now).
-	since time.Time
-}
-
 // dataWaitStep is the detector, pure: the next state, whether the job's
 // GPUs wait on data now, and the read rate.
-func dataWaitStep(prev ioState, attempt int, now time.Time, bytes int64, util int, haveUtil bool) (ioState, bool, int64) {
-	next := ioState{attempt: attempt, at: now, bytes: bytes}
-	if prev.attempt != attempt || prev.at.IsZero() || !now.After(prev.at) || bytes < prev.bytes {
+func dataWaitStep(prev state.IO, attempt int, now time.Time, bytes int64, util int, haveUtil bool) (state.IO, bool, int64) {
+	next := state.IO{Attempt: attempt, At: now, Bytes: bytes}
+	if prev.Attempt != attempt || prev.At.IsZero() || !now.After(prev.At) || bytes < prev.Bytes {
 		return next, false, 0
 	}
-	rate := (bytes - prev.bytes) * int64(time.Second) / int64(now.Sub(prev.at))
+	rate := (bytes - prev.Bytes) * int64(time.Second) / int64(now.Sub(prev.At))
 	if haveUtil && util < dataWaitMaxUtil && rate >= dataWaitMinRate {
-		next.since = prev.since
-		if next.since.IsZero() {
-			next.since = prev.at
+		next.Since = prev.Since
+		if next.Since.IsZero() {
+			next.Since = prev.At
 		}
 	}
-	waiting := !next.since.IsZero() && now.Sub(next.since) >= dataWaitWindow
+	waiting := !next.Since.IsZero() && now.Sub(next.Since) >= dataWaitWindow
 	return next, waiting, rate
 }
 
@@ -182,25 +174,25 @@ func (s *Server) noteDataLocked(j *broker.Job, r agentapi.JobReport, node string
 		}
 	}
 	if r.State != agentapi.RunRunning {
-		delete(s.io, j.ID)
+		s.view.DropIO(j.ID)
 	}
 	// The agent sends read bytes with its GPU telemetry (at most every
 	// 250 ms, from the same moment), once the attempt has run a second; a
 	// heartbeat without either says nothing about the rate.
 	if t != nil && r.ReadBytes > 0 && r.State == agentapi.RunRunning && (r.Data == nil || r.Data.Phase == agentapi.PhaseRunning) {
 		util, haveUtil := jobUtil(j, node, t)
-		st, waiting, rate := dataWaitStep(s.io[j.ID], r.Attempt, now, r.ReadBytes, util, haveUtil)
-		s.io[j.ID] = st
+		st, waiting, rate := dataWaitStep(s.view.IO(j.ID), r.Attempt, now, r.ReadBytes, util, haveUtil)
+		s.view.SetIO(j.ID, st)
 		w := j.DataWait
 		switch {
 		case waiting && (w == nil || !w.Active):
 			e := edit()
-			e.DataWait = &broker.DataWait{Since: st.since, Last: now, ReadBytesPerSec: rate, SMUtil: util, Active: true}
+			e.DataWait = &broker.DataWait{Since: st.Since, Last: now, ReadBytesPerSec: rate, SMUtil: util, Active: true}
 			s.log.Info("GPU waits on data", "job", j.ID, "read_bytes_per_sec", rate, "sm_util", util)
 		case waiting && now.Sub(w.Last) >= time.Minute:
 			e := edit()
 			e.DataWait = &broker.DataWait{Since: w.Since, Last: now, ReadBytesPerSec: rate, SMUtil: util, Active: true}
-		case !waiting && w != nil && w.Active && st.since.IsZero():
+		case !waiting && w != nil && w.Active && st.Since.IsZero():
 			e := edit()
 			e.DataWait = &broker.DataWait{Since: w.Since, Last: now, ReadBytesPerSec: rate, SMUtil: util, Active: false}
 		}
@@ -243,8 +235,8 @@ func (s *Server) reportCheckpoint(c echo.Context) error {
 	}
 	s.lock()
 	defer s.mu.Unlock()
-	j, ok := s.jobs[id]
-	if !ok {
+	j := s.view.Job(id)
+	if j == nil {
 		return newError(http.StatusNotFound, "not_found", "job %s not found or not running", clip(id))
 	}
 	if !j.State.Holding() {
@@ -283,7 +275,7 @@ func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	s.lock()
 	defer s.mu.Unlock()
-	for _, n := range s.nodes {
+	for n := range s.view.Nodes() {
 		// A node whose agent has staged nothing yet reports an empty cache.
 		c := broker.NodeCache{}
 		if n.Cache != nil {
@@ -298,7 +290,7 @@ func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, q := range s.cfg().Queues {
 		waiting[q.Name], staging[q.Name] = 0, 0
 	}
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if !j.State.Holding() {
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/report"
+	"github.com/spillway-dev/spillway/broker/state"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/staging"
 )
@@ -190,7 +191,7 @@ func TestGPUWaitsOnDataIsFlagged(t *testing.T) {
 
 func TestDataWaitStep(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	st := ioState{}
+	st := state.IO{}
 	var waiting bool
 	for i := 0; i <= 61; i++ {
 		st, waiting, _ = dataWaitStep(st, 1, t0.Add(time.Duration(i)*time.Second), int64(i)*(30<<20), 10, true)

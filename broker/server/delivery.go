@@ -131,10 +131,11 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 		starving[q.Name] = 0
 		oldest[q.Name] = 0
 	}
-	for id, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if j.State != broker.StatePending {
 			continue
 		}
+		id := j.ID
 		entered, ok := report.EnteredQueue(j.History)
 		if !ok {
 			entered = j.SubmittedAt
@@ -145,7 +146,7 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		oldest[j.Spec.Queue] = max(oldest[j.Spec.Queue], w)
 		code := "unscheduled"
-		if r, ok := s.reasons[id]; ok && r.Code() != "" {
+		if r, ok := s.view.Reason(id); ok && r.Code() != "" {
 			code = r.Code()
 		}
 		if r, ok := s.burstWhy[id]; ok && r.Code != "" {
@@ -160,7 +161,7 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range pending {
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(n), k.q, k.r)
 	}
-	for _, n := range s.nodes {
+	for n := range s.view.Nodes() {
 		sample := s.telemetry[n.Name]
 		for _, d := range n.Inventory.Devices {
 			idx := fmt.Sprint(d.Index)

@@ -197,8 +197,8 @@ func (s *Server) enrol(c echo.Context) error {
 func (s *Server) nodeRecord(name string) (*broker.Node, bool) {
 	s.lock()
 	defer s.mu.Unlock()
-	n, ok := s.nodes[name]
-	return n, ok
+	n := s.view.Node(name)
+	return n, n != nil
 }
 
 func getNodeCred(tx broker.Tx, id string) (NodeCredential, error) {
@@ -274,11 +274,11 @@ func (s *Server) revokeNode(c echo.Context) error {
 		return newError(http.StatusNotFound, "not_found", "node %s has no live credential", clip(name))
 	}
 	s.lock()
-	if n, ok := s.nodes[name]; ok && n.State != broker.NodeLost {
+	if n := s.view.Node(name); n != nil && n.State != broker.NodeLost {
 		nn := cloneNode(n)
 		nn.State = broker.NodeLost
 		var jobs []*broker.Job
-		for _, j := range s.holdingOnLocked(name) {
+		for _, j := range s.view.HoldingOn(name) {
 			jj := cloneJob(j)
 			s.loseOnLocked(jj, name, now, now, "node_revoked", fmt.Sprintf("node %s's credential was revoked by %s", name, by))
 			jobs = append(jobs, jj)

@@ -47,17 +47,17 @@ func (f fleetState) Unlock() { f.s.mu.Unlock() }
 
 func (f fleetState) MayDecide() bool { return f.s.mayDecideLocked() }
 
-func (f fleetState) Job(id string) *broker.Job { return f.s.jobs[id] }
+func (f fleetState) Job(id string) *broker.Job { return f.s.view.Job(id) }
 
 func (f fleetState) Waiting() []burstctl.Waiting {
 	s := f.s
 	var out []burstctl.Waiting
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
 			continue
 		}
 		w := burstctl.Waiting{Job: j}
-		if r, ok := s.reasons[j.ID]; ok {
+		if r, ok := s.view.Reason(j.ID); ok {
 			w.EstimatedStart, w.Why = r.EstimatedStart(), r.Code()
 		}
 		out = append(out, w)
@@ -68,14 +68,14 @@ func (f fleetState) Waiting() []burstctl.Waiting {
 
 func (f fleetState) OnPrem() (gpus, held int) {
 	s := f.s
-	for _, n := range s.nodes {
+	for n := range s.view.Nodes() {
 		if n.Instance != "" || n.State != broker.NodeReady {
 			continue
 		}
 		gpus += len(n.HealthyGPUs())
 		taken := map[int]bool{}
-		for id := range s.byNode[n.Name] {
-			p, _, _ := placedOn(s.jobs[id], n.Name)
+		for j := range s.view.Holders(n.Name) {
+			p, _, _ := placedOn(j, n.Name)
 			for _, g := range p.GPUs {
 				taken[g] = true
 			}
@@ -92,17 +92,17 @@ func (f fleetState) MachineJobs(id string) ([]string, int) {
 	seen := map[string]bool{}
 	var out []string
 	gpus := 0
-	for jid := range s.byNode[id] {
-		if j := s.jobs[jid]; j != nil && !seen[jid] {
-			seen[jid] = true
-			out = append(out, jid)
+	for j := range s.view.Holders(id) {
+		if j != nil && !seen[j.ID] {
+			seen[j.ID] = true
+			out = append(out, j.ID)
 			gpus += j.Spec.Resources.GPUs
 		}
 	}
-	for jid, j := range s.jobs {
-		if j.BoundTo(id) && !seen[jid] {
-			seen[jid] = true
-			out = append(out, jid)
+	for j := range s.view.Jobs() {
+		if j.BoundTo(id) && !seen[j.ID] {
+			seen[j.ID] = true
+			out = append(out, j.ID)
 			gpus += j.Spec.Resources.GPUs
 		}
 	}
@@ -112,18 +112,18 @@ func (f fleetState) MachineJobs(id string) ([]string, int) {
 
 func (f fleetState) OnMachine(id string) (waiting, holding []*broker.Job) {
 	s := f.s
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if j.BoundTo(id) {
 			waiting = append(waiting, j)
 		}
 	}
 	slices.SortFunc(waiting, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
-	return waiting, s.holdingOnLocked(id)
+	return waiting, s.view.HoldingOn(id)
 }
 
 func (f fleetState) Node(name string) (*broker.Node, bool) {
-	n, ok := f.s.nodes[name]
-	return n, ok
+	n := f.s.view.Node(name)
+	return n, n != nil
 }
 
 func (f fleetState) HomeNodes() []burst.HomeNode { return f.s.homeNodesLocked() }
@@ -149,7 +149,7 @@ func (f fleetState) Commit(ctx context.Context, jobs []*broker.Job, dropNodes []
 		return err
 	}
 	for _, n := range dropNodes {
-		delete(s.nodes, n)
+		s.view.DropNode(n)
 		delete(s.telemetry, n)
 	}
 	if len(dropNodes) > 0 {

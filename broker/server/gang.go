@@ -49,7 +49,7 @@ const (
 // Rank 0 checks it is free on the node in the preflight.
 func (s *Server) gangPortLocked(j *broker.Job) int {
 	used := map[int]bool{}
-	for _, o := range s.holdingOnLocked(j.Placements[0].Node) {
+	for _, o := range s.view.HoldingOn(j.Placements[0].Node) {
 		if o.ID != j.ID && o.GangPort != 0 && len(o.Placements) > 0 && o.Placements[0].Node == j.Placements[0].Node {
 			used[o.GangPort] = true
 		}
@@ -69,7 +69,7 @@ func (s *Server) gangPortLocked(j *broker.Job) int {
 // nodeAddrLocked is the address other members reach a node at: the
 // address its agent connects from.
 func (s *Server) nodeAddrLocked(name string) string {
-	if n := s.nodes[name]; n != nil && n.Address != "" {
+	if n := s.view.Node(name); n != nil && n.Address != "" {
 		return n.Address
 	}
 	return name
@@ -209,7 +209,7 @@ func (s *Server) failPreflightLocked(j *broker.Job, b *barrier, now time.Time, d
 // gangOrdersLocked are the barrier orders for the members waiting on node.
 func (s *Server) gangOrdersLocked(node string) []agentapi.GangOrder {
 	var out []agentapi.GangOrder
-	for _, j := range s.holdingOnLocked(node) {
+	for _, j := range s.view.HoldingOn(node) {
 		b := s.barriers[j.ID]
 		if b == nil || b.attempt != j.Attempt || b.failed || j.Stop != nil {
 			continue

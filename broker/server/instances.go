@@ -26,12 +26,12 @@ func (s *Server) instanceViews(c echo.Context, only string) ([]api.InstanceView,
 		}
 		v := api.InstanceView{InstanceRecord: r.Clone(), Currency: s.currency()}
 		v.Age = broker.FormatDuration(now.Sub(r.CreatedAt).Truncate(time.Second))
-		for jid := range s.byNode[id] {
-			v.RunningJobs = append(v.RunningJobs, jid)
+		for j := range s.view.Holders(id) {
+			v.RunningJobs = append(v.RunningJobs, j.ID)
 		}
-		for jid, j := range s.jobs {
+		for j := range s.view.Jobs() {
 			if j.BoundTo(id) {
-				v.WaitingJobs = append(v.WaitingJobs, jid)
+				v.WaitingJobs = append(v.WaitingJobs, j.ID)
 			}
 		}
 		slices.Sort(v.RunningJobs)

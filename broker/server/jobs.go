@@ -239,7 +239,7 @@ func (s *Server) overlayReasons(jobs []*broker.Job) {
 		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
 			continue
 		}
-		sr, ok := s.reasons[j.ID]
+		sr, ok := s.view.Reason(j.ID)
 		r := sr.PendingReason()
 		br, bok := s.burstWhy[j.ID]
 		if bok {
@@ -322,8 +322,8 @@ func (s *Server) cancel(c echo.Context) error {
 	ctx := c.Request().Context()
 	s.lock()
 	defer s.mu.Unlock()
-	cur, ok := s.jobs[j.ID]
-	if !ok {
+	cur := s.view.Job(j.ID)
+	if cur == nil {
 		return newError(http.StatusConflict, "conflict", "job %s already ended", j.ID)
 	}
 	now := s.clock.Now()

@@ -13,7 +13,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
-	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 )
 
@@ -142,7 +141,7 @@ func (s *Server) takeOver(ctx context.Context, token uint64) error {
 	s.graceLocked()
 	s.ha.storeDown = false
 	s.ha.term.Store(token)
-	s.log.Info("leading", "token", token, "active_jobs", len(s.jobs), "nodes", len(s.nodes),
+	s.log.Info("leading", "token", token, "active_jobs", s.view.JobCount(), "nodes", s.view.NodeCount(),
 		"agent_grace", s.cfg().HA.AgentGrace.D())
 	s.kick()
 	return nil
@@ -193,13 +192,8 @@ func (s *Server) resetLocked() {
 	for _, ch := range s.nodeWake {
 		close(ch)
 	}
-	s.jobs = map[string]*broker.Job{}
+	s.view.Reset()
 	s.dropSubmittedLocked()
-	s.nodes = map[string]*broker.Node{}
-	s.byNode = map[string]map[string]bool{}
-	s.reasons = map[string]sched.Reason{}
-	s.reasonSaved = map[string]time.Time{}
-	s.io = map[string]ioState{}
 	s.scheduling = scheduling{}
 	s.burstWhy = map[string]broker.PendingReason{}
 	s.fleet.ResetLocked()

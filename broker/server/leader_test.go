@@ -160,7 +160,7 @@ func TestFailoverKeepsRunningJobs(t *testing.T) {
 		t.Fatalf("before failover: %s", got.State)
 	}
 	h.lose(el)
-	if n := len(h.srv.jobs); n != 0 {
+	if n := h.srv.view.JobCount(); n != 0 {
 		t.Fatalf("standby kept %d jobs in memory", n)
 	}
 	// Takeover (as the new leader would, on the same store), then silence
@@ -249,6 +249,10 @@ func TestStepDownDropsState(t *testing.T) {
 		if f := v.Field(i); nonEmptyMaps(f) {
 			t.Errorf("field %s still holds state after step-down", v.Type().Field(i).Name)
 		}
+	}
+	// The in-memory view (broker/state) is behind a pointer.
+	if nonEmptyMaps(reflect.ValueOf(h.srv.view).Elem()) {
+		t.Error("the in-memory view still holds state after step-down")
 	}
 	// The fleet's memory too (fleet.ResetLocked), but for what comes
 	// from the config and the workers still running.

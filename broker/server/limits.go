@@ -17,7 +17,7 @@ type teamLimits struct {
 	mu      sync.Mutex
 	buckets map[string]*bucket
 	// pending counts each team's pending jobs, kept equal to the pending
-	// jobs in Server.jobs (trackPendingLocked).
+	// jobs in the in-memory view (trackPendingLocked).
 	pending map[string]int
 }
 
@@ -116,7 +116,7 @@ func (s *Server) trackPendingLocked(old, j *broker.Job) {
 // recountPendingLocked rebuilds limits.pending from memory (after a load).
 func (s *Server) recountPendingLocked() {
 	counts := map[string]int{}
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if j.State == broker.StatePending {
 			counts[j.Spec.Team]++
 		}

@@ -167,7 +167,7 @@ func (s *Server) pendingCount() int {
 	s.lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if j.State == "pending" {
 			n++
 		}

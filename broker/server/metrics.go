@@ -106,7 +106,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	defer s.mu.Unlock()
 	type key struct{ a, b string }
 	jobs := map[key]int{}
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		jobs[key{string(j.State), j.Spec.Queue}]++
 	}
 	for k, v := range jobs {

@@ -15,20 +15,17 @@ import (
 
 func (s *Server) nodeViewsLocked() []api.NodeView {
 	holders := map[string]map[int][]*broker.Job{}
-	for node, ids := range s.byNode {
-		for id := range ids {
-			j := s.jobs[id]
-			p, _, _ := placedOn(j, node)
-			if holders[node] == nil {
-				holders[node] = map[int][]*broker.Job{}
-			}
-			for _, g := range p.GPUs {
-				holders[node][g] = append(holders[node][g], j)
-			}
+	for node, j := range s.view.Held() {
+		p, _, _ := placedOn(j, node)
+		if holders[node] == nil {
+			holders[node] = map[int][]*broker.Job{}
+		}
+		for _, g := range p.GPUs {
+			holders[node][g] = append(holders[node][g], j)
 		}
 	}
-	out := make([]api.NodeView, 0, len(s.nodes))
-	for _, n := range s.nodes {
+	out := make([]api.NodeView, 0, s.view.NodeCount())
+	for n := range s.view.Nodes() {
 		v := api.NodeView{Node: n}
 		sample := s.telemetry[n.Name]
 		if sample != nil {

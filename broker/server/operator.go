@@ -47,8 +47,8 @@ func (s *Server) nodeControl(action string) echo.HandlerFunc {
 		if err := s.checkLeaderLocked(); err != nil {
 			return err
 		}
-		old, ok := s.nodes[c.Param("name")]
-		if !ok {
+		old := s.view.Node(c.Param("name"))
+		if old == nil {
 			return newError(http.StatusNotFound, "not_found", "node %s not found", clip(c.Param("name")))
 		}
 		now := s.clock.Now()
@@ -58,7 +58,7 @@ func (s *Server) nodeControl(action string) echo.HandlerFunc {
 		case "cordon", "drain":
 			n.Cordon = &broker.Cordon{By: p.Name, At: now, Reason: req.Reason, Drain: action == "drain"}
 			if action == "drain" {
-				for _, j := range s.holdingOnLocked(n.Name) {
+				for _, j := range s.view.HoldingOn(n.Name) {
 					if j.Stop != nil {
 						continue
 					}
@@ -110,8 +110,8 @@ func (s *Server) jobControl(action string) echo.HandlerFunc {
 		if err := s.checkLeaderLocked(); err != nil {
 			return err
 		}
-		old, ok := s.jobs[found.ID]
-		if !ok {
+		old := s.view.Job(found.ID)
+		if old == nil {
 			return newError(http.StatusConflict, "conflict", "job %s already ended (%s)", found.ID, found.State)
 		}
 		now := s.clock.Now()
@@ -151,9 +151,9 @@ func (s *Server) jobControl(action string) echo.HandlerFunc {
 			return err
 		}
 		if action == "hold" {
-			s.reasons[j.ID] = sched.FixedReason(*j.Pending)
+			s.view.SetReason(j.ID, sched.FixedReason(*j.Pending))
 		} else {
-			delete(s.reasons, j.ID)
+			s.view.DropReason(j.ID)
 		}
 		s.log.Info("job "+action, "job", j.ID, "by", p.Name, "detail", detail)
 		s.kick()

@@ -25,7 +25,7 @@ func (s *Server) listQueues(c echo.Context) error {
 		index[q.Name] = i
 	}
 	var jobs []*broker.Job
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		i, ok := index[j.Spec.Queue]
 		if !ok {
 			continue

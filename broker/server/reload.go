@@ -190,7 +190,7 @@ func (s *Server) checkReloadLocked(next *config.Config) error {
 		prios[p.Name] = true
 	}
 	inQueue, inPrio := map[string]int{}, map[string]int{}
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if !queues[j.Spec.Queue] {
 			inQueue[j.Spec.Queue]++
 		}

@@ -25,28 +25,19 @@ func (r reportSource) Read(fn func(report.View)) {
 	fn(lockedView{r.s})
 }
 
-// lockedView is report.View over the server's maps; its methods run under
-// s.mu (reportSource.Read holds it).
+// lockedView is report.View over the server's in-memory view
+// (broker/state); its methods run under s.mu (reportSource.Read holds it).
 type lockedView struct{ s *Server }
 
 func (v lockedView) Job(id string) (*broker.Job, bool) {
-	j, ok := v.s.jobs[id]
-	return j, ok
+	j := v.s.view.Job(id)
+	return j, j != nil
 }
 
-func (v lockedView) Jobs() iter.Seq[*broker.Job] {
-	return func(yield func(*broker.Job) bool) {
-		for _, j := range v.s.jobs {
-			if !yield(j) {
-				return
-			}
-		}
-	}
-}
+func (v lockedView) Jobs() iter.Seq[*broker.Job] { return v.s.view.Jobs() }
 
 func (v lockedView) Reason(id string) (sched.Reason, bool) {
-	r, ok := v.s.reasons[id]
-	return r, ok
+	return v.s.view.Reason(id)
 }
 
 func (v lockedView) Nodes() []api.NodeView { return v.s.nodeViewsLocked() }

@@ -187,7 +187,7 @@ func (s *Server) burstRuntime(provider string) *jobrt.Config {
 func (s *Server) topImages(n int) []string {
 	s.lock()
 	count := map[string]int{}
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if j.Spec.Image != "" && !j.State.Terminal() {
 			count[j.Spec.Image]++
 		}

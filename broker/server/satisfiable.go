@@ -19,7 +19,7 @@ const CodeUnsatisfiable = "unsatisfiable"
 // broker knows no node yet (agents register after a restart).
 func (s *Server) unsatisfiableLocked(spec broker.Spec) error {
 	want := spec.Resources.GPUModel
-	if want == "" || len(s.nodes) == 0 {
+	if want == "" || s.view.NodeCount() == 0 {
 		return nil
 	}
 	if spec.Burst != broker.BurstNever && len(s.cfg().Providers) > 0 && !s.fleet.OffersKnownLocked() {
@@ -31,7 +31,7 @@ func (s *Server) unsatisfiableLocked(spec broker.Spec) error {
 			models = append(models, m)
 		}
 	}
-	for _, n := range s.nodes {
+	for n := range s.view.Nodes() {
 		for _, d := range n.Inventory.Devices {
 			if modelFits(d.Model, want) {
 				return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -93,19 +94,17 @@ func (l *usageLedger) release(old, now *broker.Job) {
 }
 
 // advance counts usage up to now: attempts released since the last
-// advance, and every job still holding cards — found through byNode (node
-// → holding job ids), each node's share of a job counted by its cards.
-func (l *usageLedger) advance(now time.Time, jobs map[string]*broker.Job, byNode map[string]map[string]bool) {
+// advance, and every job still holding cards — held yields each node and
+// a job holding cards there (state.State.Held), each node's share of a job
+// counted by its cards.
+func (l *usageLedger) advance(now time.Time, held iter.Seq2[string, *broker.Job]) {
 	added := l.Advance(now, func(add func(team string, gpus int, from time.Time)) {
-		for node, ids := range byNode {
-			for id := range ids {
-				j := jobs[id]
-				if j == nil || !j.State.Holding() {
-					continue
-				}
-				p, _, _ := placedOn(j, node)
-				add(j.Spec.Team, len(p.GPUs), heldFrom(j))
+		for node, j := range held {
+			if j == nil || !j.State.Holding() {
+				continue
 			}
+			p, _, _ := placedOn(j, node)
+			add(j.Spec.Team, len(p.GPUs), heldFrom(j))
 		}
 	})
 	l.dirty = l.dirty || added

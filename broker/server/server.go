@@ -27,8 +27,8 @@ import (
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/fleet"
-	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/broker/slurmdoor"
+	"github.com/spillway-dev/spillway/broker/state"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/providers"
 )
@@ -103,20 +103,12 @@ type Server struct {
 	invLimits atomic.Pointer[inventoryLimits]
 	// tokenSt is the auth tokens in force (tokens.go); its own lock.
 	tokenSt tokenState
-	// jobs holds every non-terminal job, kept equal to the store's active
-	// index.
-	jobs  map[string]*broker.Job
-	nodes map[string]*broker.Node
-	// byNode[n] is the set of jobs holding GPUs on node n, kept equal to
-	// the holding jobs' placements.
-	byNode map[string]map[string]bool
-	// reasons is the latest pending reason of each pending job; only the
-	// code is persisted, the sentence is formatted when read.
-	reasons map[string]sched.Reason
-	// reasonSaved is when each job's reason was last written.
-	reasonSaved map[string]time.Time
-	// io is each running job's last I/O reading, for data-wait detection.
-	io map[string]ioState
+	// view is the jobs, nodes, placements by node, pending reasons and I/O
+	// readings (broker/state); mu guards it, reads included. commitLocked
+	// applies what the store accepted to it (State.Apply); what is kept
+	// in memory only (reasons, I/O readings, a node's LastSeen) is set
+	// through its own methods.
+	view *state.State
 	// telemetry is the latest GPU sample of each node, owners its
 	// processes' jobs.
 	telemetry map[string]*gpu.Sample
@@ -177,24 +169,19 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		opt.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		store:       store,
-		clock:       opt.Clock,
-		log:         opt.Logger,
-		ids:         newIDSource(),
-		jobs:        map[string]*broker.Job{},
-		nodes:       map[string]*broker.Node{},
-		byNode:      map[string]map[string]bool{},
-		reasons:     map[string]sched.Reason{},
-		reasonSaved: map[string]time.Time{},
-		io:          map[string]ioState{},
-		telemetry:   map[string]*gpu.Sample{},
-		owners:      map[string]map[int]string{},
-		tele:        telemetryState{open: map[gpuKey]*accum{}},
-		quiet:       map[string]time.Time{},
-		meter:       meterState{reported: map[string]bool{}},
-		burstWhy:    map[string]broker.PendingReason{},
-		nodeWake:    map[string]chan struct{}{},
-		schedWake:   make(chan struct{}, 1),
+		store:     store,
+		clock:     opt.Clock,
+		log:       opt.Logger,
+		ids:       newIDSource(),
+		view:      state.New(),
+		telemetry: map[string]*gpu.Sample{},
+		owners:    map[string]map[int]string{},
+		tele:      telemetryState{open: map[gpuKey]*accum{}},
+		quiet:     map[string]time.Time{},
+		meter:     meterState{reported: map[string]bool{}},
+		burstWhy:  map[string]broker.PendingReason{},
+		nodeWake:  map[string]chan struct{}{},
+		schedWake: make(chan struct{}, 1),
 	}
 	sections, err := adapters.Parse(cfg)
 	if err != nil {
@@ -238,23 +225,12 @@ func (s *Server) load(ctx context.Context) error {
 		}
 		for _, j := range jobs {
 			s.strs.job(j)
-			s.jobs[j.ID] = j
-			if j.State.Holding() {
-				for _, p := range j.Placements {
-					if s.byNode[p.Node] == nil {
-						s.byNode[p.Node] = map[string]bool{}
-					}
-					s.byNode[p.Node][j.ID] = true
-				}
-			}
 		}
 		nodes, err := broker.ListNodes(tx)
 		if err != nil {
 			return fmt.Errorf("load nodes: %w", err)
 		}
-		for _, n := range nodes {
-			s.nodes[n.Name] = n
-		}
+		s.view.Load(jobs, nodes)
 		s.noteInventoryLocked()
 		s.recountPendingLocked()
 		s.log.Info("state loaded", "active_jobs", len(jobs), "nodes", len(nodes))

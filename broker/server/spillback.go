@@ -9,13 +9,13 @@ import (
 // with their free GPUs (spill-back's home, burstctl.SpillInput).
 func (s *Server) homeNodesLocked() []burst.HomeNode {
 	var out []burst.HomeNode
-	for _, n := range s.nodes {
+	for n := range s.view.Nodes() {
 		if n.Instance != "" || n.State != broker.NodeReady || n.Cordon != nil {
 			continue
 		}
 		held := map[int]bool{}
-		for id := range s.byNode[n.Name] {
-			p, _, _ := placedOn(s.jobs[id], n.Name)
+		for j := range s.view.Holders(n.Name) {
+			p, _, _ := placedOn(j, n.Name)
 			for _, g := range p.GPUs {
 				held[g] = true
 			}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"github.com/spillway-dev/spillway/broker/burst"
 	"runtime/trace"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -30,7 +28,8 @@ func cloneNode(n *broker.Node) *broker.Node {
 }
 
 // commitLocked writes jobs, nodes and whatever extra does in one
-// transaction, then applies the jobs and nodes to memory. The caller holds
+// transaction, then applies the jobs and nodes to memory (s.view.Apply),
+// with the server's side effects of each job's change. The caller holds
 // s.mu. Nothing reaches memory unless the store accepted it.
 func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*broker.Node, extra func(broker.Tx) error) error {
 	if len(jobs) == 0 && len(nodes) == 0 && extra == nil {
@@ -46,10 +45,11 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 			if err := broker.PutJob(tx, j); err != nil {
 				return err
 			}
-			if err := s.allocChangesLocked(tx, s.jobs[j.ID], j, now); err != nil {
+			old := s.view.Job(j.ID)
+			if err := s.allocChangesLocked(tx, old, j, now); err != nil {
 				return err
 			}
-			if err := s.keepAllocHistoryLocked(tx, s.jobs[j.ID], j, now); err != nil {
+			if err := s.keepAllocHistoryLocked(tx, old, j, now); err != nil {
 				return err
 			}
 		}
@@ -70,21 +70,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		return fmt.Errorf("commit: %w", err)
 	}
 	s.noteStoreSuccess()
-	for _, j := range jobs {
-		old := s.jobs[j.ID]
-		if old != nil {
-			for _, p := range old.Placements {
-				delete(s.byNode[p.Node], j.ID)
-			}
-		}
-		if j.State.Holding() {
-			for _, p := range j.Placements {
-				if s.byNode[p.Node] == nil {
-					s.byNode[p.Node] = map[string]bool{}
-				}
-				s.byNode[p.Node][j.ID] = true
-			}
-		}
+	s.view.Apply(jobs, nodes, func(old, j *broker.Job) {
 		if old != nil && old.State.Holding() && !j.State.Holding() {
 			// The attempt stopped holding cards: count its fair-share usage.
 			if sc, err := s.schedulingLocked(ctx); err == nil {
@@ -94,22 +80,8 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 			}
 		}
 		s.trackPendingLocked(old, j)
-		if j.State.Terminal() {
-			delete(s.jobs, j.ID)
-			delete(s.reasons, j.ID)
-			delete(s.reasonSaved, j.ID)
-			delete(s.io, j.ID)
-		} else {
-			s.jobs[j.ID] = j
-		}
-		if j.State != broker.StatePending {
-			delete(s.reasons, j.ID)
-		}
 		s.metrics.observeTransition(old, j)
-	}
-	for _, n := range nodes {
-		s.nodes[n.Name] = n
-	}
+	})
 	if len(nodes) > 0 {
 		s.noteInventoryLocked()
 	}
@@ -125,16 +97,6 @@ func placedOn(j *broker.Job, node string) (broker.Placement, int, bool) {
 		}
 	}
 	return broker.Placement{}, -1, false
-}
-
-// holdingOnLocked returns the jobs holding GPUs on node, by id.
-func (s *Server) holdingOnLocked(node string) []*broker.Job {
-	var out []*broker.Job
-	for id := range s.byNode[node] {
-		out = append(out, s.jobs[id])
-	}
-	slices.SortFunc(out, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
-	return out
 }
 
 // Cycle runs one scheduling cycle: node liveness, then the scheduler core,
@@ -157,7 +119,7 @@ func (s *Server) Cycle(ctx context.Context) error {
 		s.mu.Unlock()
 		return err
 	}
-	sc.ledger.advance(now, s.jobs, s.byNode)
+	sc.ledger.advance(now, s.view.Held())
 	snap := s.snapshotLocked(now)
 	s.mu.Unlock()
 	defer trace.StartRegion(ctx, "broker.cycle").End()
@@ -207,8 +169,8 @@ func (s *Server) housekeepLocked(ctx context.Context, now time.Time) error {
 func (s *Server) snapshotLocked(now time.Time) *sched.Snapshot {
 	sc := &s.scheduling
 	snap := &sched.Snapshot{Now: now, Policy: sc.policy, Usage: sc.ledger.Values(nil),
-		Nodes: make([]*broker.Node, 0, len(s.nodes)), Jobs: make([]*broker.Job, 0, len(s.jobs))}
-	for _, n := range s.nodes {
+		Nodes: make([]*broker.Node, 0, s.view.NodeCount()), Jobs: make([]*broker.Job, 0, s.view.JobCount())}
+	for n := range s.view.Nodes() {
 		if n.Cordon != nil && n.State == broker.NodeReady {
 			// Cordoned: runs what it has, takes nothing new.
 			nn := *n
@@ -217,7 +179,7 @@ func (s *Server) snapshotLocked(now time.Time) *sched.Snapshot {
 		}
 		snap.Nodes = append(snap.Nodes, n)
 	}
-	for _, j := range s.jobs {
+	for j := range s.view.Jobs() {
 		if j.Hold != nil && j.State == broker.StatePending {
 			continue // held: neither scheduled nor burst
 		}
@@ -235,8 +197,8 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 	var changed []*broker.Job
 	wake := map[string]bool{}
 	for _, st := range plan.Starts {
-		old, ok := s.jobs[st.Job]
-		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
+		old := s.view.Job(st.Job)
+		if old == nil || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue // the plan is stale for this job; the next cycle decides again
 		}
 		j := cloneJob(old)
@@ -251,8 +213,8 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		}
 	}
 	for _, st := range plan.Stops {
-		old, ok := s.jobs[st.Job]
-		if !ok || old.Stop != nil || !old.State.Holding() {
+		old := s.view.Job(st.Job)
+		if old == nil || old.Stop != nil || !old.State.Holding() {
 			continue
 		}
 		j := cloneJob(old)
@@ -264,9 +226,9 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 	}
 	for _, pe := range plan.Pending {
 		id, r := pe.Job, pe.Reason
-		s.reasons[id] = r
-		old, ok := s.jobs[id]
-		if !ok || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
+		s.view.SetReason(id, r)
+		old := s.view.Job(id)
+		if old == nil || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue
 		}
 		// The full sentence with the queue position is served from memory.
@@ -275,7 +237,7 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		// reason from its entry into the queue — so codes that flip between
 		// cycles, and jobs that wait only moments, do not turn into a write
 		// storm; a standby still shows a recent one.
-		saved, ok := s.reasonSaved[id]
+		saved, ok := s.view.ReasonSaved(id)
 		if !ok && len(old.History) > 0 {
 			saved = old.History[len(old.History)-1].At
 		}
@@ -284,7 +246,7 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 			rc := r.PendingReason()
 			j.Pending = &rc
 			changed = append(changed, j)
-			s.reasonSaved[id] = now
+			s.view.NoteReasonSaved(id, now)
 		}
 	}
 	ledger := s.scheduling.ledger
@@ -325,7 +287,7 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 	var nodes []*broker.Node
 	var jobs []*broker.Job
 	byID := map[string]*broker.Job{}
-	for _, n := range s.nodes {
+	for n := range s.view.Nodes() {
 		if n.State == broker.NodeLost {
 			continue
 		}
@@ -346,7 +308,7 @@ func (s *Server) checkNodesLocked(ctx context.Context, now time.Time) error {
 		} else {
 			s.log.Warn("node lost", "node", n.Name, "last_seen", n.LastSeen, "ttl", ttl)
 		}
-		for _, j := range s.holdingOnLocked(n.Name) {
+		for _, j := range s.view.HoldingOn(n.Name) {
 			jj := byID[j.ID] // a gang may lose several members at once
 			if jj == nil {
 				jj = cloneJob(j)

@@ -52,11 +52,9 @@ func (s *Server) applySubmittedLocked() {
 	q.jobs = nil
 	q.mu.Unlock()
 	for _, j := range jobs {
-		if _, ok := s.jobs[j.ID]; ok {
+		if !s.view.Admit(j) {
 			s.trackPendingLocked(j, nil)
-			continue
 		}
-		s.jobs[j.ID] = j
 	}
 }
 
@@ -82,7 +80,7 @@ type inventoryLimits struct {
 // the offers changed, for submits to read without s.mu.
 func (s *Server) noteInventoryLocked() {
 	var l inventoryLimits
-	for _, n := range s.nodes {
+	for n := range s.view.Nodes() {
 		l.gpus = max(l.gpus, len(n.Inventory.Devices))
 		for _, d := range n.Inventory.Devices {
 			l.mem = max(l.mem, d.MemoryBytes)

@@ -65,7 +65,7 @@ func TestSubmitAnswersWhileTheLockIsHeld(t *testing.T) {
 	if tooMany.code != http.StatusBadRequest || !strings.Contains(tooMany.body, "resources.gpus") {
 		t.Fatalf("9 GPUs on an 8-GPU node: %d %s, want 400 naming resources.gpus", tooMany.code, tooMany.body)
 	}
-	if _, in := h.srv.jobs[ok.job.ID]; in {
+	if h.srv.view.Job(ok.job.ID) != nil {
 		t.Fatal("the job reached memory while another held the lock")
 	}
 	if n := h.srv.pendingOf("nlp"); n != 1 {
@@ -75,7 +75,7 @@ func TestSubmitAnswersWhileTheLockIsHeld(t *testing.T) {
 	held = false
 
 	h.srv.lock()
-	j := h.srv.jobs[ok.job.ID]
+	j := h.srv.view.Job(ok.job.ID)
 	h.srv.mu.Unlock()
 	if j == nil || j.State != broker.StatePending {
 		t.Fatalf("after the lock changed hands the job is %v, want pending in memory", j)
@@ -95,14 +95,14 @@ func TestQueuedSubmitAlreadyLoadedIsNotAppliedTwice(t *testing.T) {
 	h := newHarness(t)
 	j := h.submit(tokAlice, `{"command":["true"],"resources":{"gpus":1}}`)
 	h.srv.lock()
-	first := h.srv.jobs[j.ID]
+	first := h.srv.view.Job(j.ID)
 	h.srv.mu.Unlock()
 	if first == nil {
 		t.Fatal("the submitted job is not in memory")
 	}
 	h.srv.queueSubmitted(first.Clone())
 	h.srv.lock()
-	again := h.srv.jobs[j.ID]
+	again := h.srv.view.Job(j.ID)
 	h.srv.mu.Unlock()
 	if again != first {
 		t.Fatal("the queued copy replaced the job in memory")

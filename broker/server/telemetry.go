@@ -75,7 +75,7 @@ func (s *Server) recordTelemetryLocked(node string, sample *gpu.Sample, owners m
 		util[d.Index] = d.SMUtil
 	}
 	threshold := s.cfg().Idle.Threshold
-	for _, j := range s.holdingOnLocked(node) {
+	for _, j := range s.view.HoldingOn(node) {
 		if j.State != broker.StateRunning {
 			continue
 		}
@@ -197,7 +197,8 @@ func (s *Server) rollUpHoursLocked(ctx context.Context, now time.Time) error {
 func (s *Server) checkIdleLocked(ctx context.Context, now time.Time) error {
 	window := s.cfg().Idle.Window.D()
 	var changed []*broker.Job
-	for id, j := range s.jobs {
+	for j := range s.view.Jobs() {
+		id := j.ID
 		if j.State != broker.StateRunning {
 			delete(s.quiet, id)
 			continue
