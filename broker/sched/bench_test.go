@@ -130,18 +130,29 @@ func BenchmarkSteadyState(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		s.Now = s.Now.Add(time.Second)
+		// Half the churn ends (running jobs picked at random), half is new:
+		// the queue stays level, as in a steady state.
 		churn := len(s.Jobs) / 100
-		ended := 0
-		kept := s.Jobs[:0]
-		for _, j := range s.Jobs {
-			if ended < churn/2 && j.State == broker.StateRunning && rng.IntN(10) == 0 {
-				ended++
-				continue
+		var running []int
+		for i, j := range s.Jobs {
+			if j.State == broker.StateRunning {
+				running = append(running, i)
 			}
-			kept = append(kept, j)
+		}
+		end := map[int]bool{}
+		for k := 0; k < churn/2 && k < len(running); k++ {
+			r := k + rng.IntN(len(running)-k)
+			running[k], running[r] = running[r], running[k]
+			end[running[k]] = true
+		}
+		kept := s.Jobs[:0]
+		for i, j := range s.Jobs {
+			if !end[i] {
+				kept = append(kept, j)
+			}
 		}
 		s.Jobs = kept
-		for k := 0; k < churn-ended; k++ {
+		for k := 0; k < churn/2; k++ {
 			s.Jobs = append(s.Jobs, genJob(rng, fmt.Sprintf("j%07d", next), s.Now))
 			next++
 		}
@@ -155,6 +166,7 @@ func BenchmarkSteadyState(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(starts)/float64(b.N), "starts/op")
+	b.ReportMetric(float64(len(s.Jobs)), "jobs-at-end")
 	if cpu > 0 {
 		b.ReportMetric(float64(cpu)/float64(b.N)/1e6, "cpu-ms/op")
 	}
