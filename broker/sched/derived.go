@@ -89,12 +89,10 @@ type shapeName struct {
 	g, n            int
 }
 
-// jobRef is a pending job's record and id, and its timeout (ns): the
-// walk reads them in order (cycle.pendRef), a line for two jobs.
+// jobRef is a pending job's record and id.
 type jobRef struct {
-	j       *broker.Job
-	id      string
-	timeout int64
+	j  *broker.Job
+	id string
 }
 
 // derived is what a pending job's record takes from the job alone (its
@@ -110,6 +108,7 @@ type derived struct {
 	gpuMem          int64
 	cpu             float64
 	mem             int64
+	timeout         int64
 	sub             int64
 	notBefore       int64
 	since           int64
@@ -188,18 +187,17 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 			jc.pos = append(jc.pos, 0)
 		}
 		jc.slot[j] = i
-		c.derive(i, j, rev)
+		jc.refs[i] = jobRef{j: j, id: j.ID}
+		c.derive(&jc.recs[i], j, rev)
 	case jc.recs[i].rev != int32(rev):
-		c.derive(i, j, rev)
+		c.derive(&jc.recs[i], j, rev)
 	}
 	jc.seen[i], jc.pos[i], jc.curSlot[pos] = jc.cycle, int32(pos), i
 	return i
 }
 
-// derive reads the job into its record and ref in slot i.
-func (c *cycle) derive(i int32, j *broker.Job, rev int) {
-	c.jc.refs[i] = jobRef{j: j, id: j.ID, timeout: int64(j.Spec.Timeout.D())}
-	d := &c.jc.recs[i]
+// derive reads the job into d.
+func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 	res := j.Spec.Resources
 	*d = derived{
 		rev:         int32(rev),
@@ -212,6 +210,7 @@ func (c *cycle) derive(i int32, j *broker.Job, rev int) {
 		gpuMem:      int64(res.GPUMemory),
 		cpu:         res.CPU,
 		mem:         int64(res.Memory),
+		timeout:     int64(j.Spec.Timeout.D()),
 		sub:         j.SubmittedAt.UnixNano(),
 		since:       pendingSince(j).UnixNano(),
 	}
@@ -263,9 +262,11 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		preemptible: d.preemptible,
 		g:           d.g,
 		n:           d.n,
-		sized:       d.cpu != 0 || d.mem != 0,
-		backoff:     d.notBefore > c.nowNs,
+		cpu:         d.cpu,
+		mem:         d.mem,
+		timeout:     d.timeout,
 		sub:         d.sub,
+		notBefore:   d.notBefore,
 		cons:        cons,
 	}
 	// Starvation is waiting in the queue, measured from when the job last
@@ -274,7 +275,9 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 	if starve := int64(c.pol.StarvationAge); starve > 0 && c.nowNs-d.since >= starve {
 		p.starved = true
 	}
-	p.shares = d.gpuMem > 0 && p.n == 1 && c.queues[q].sharing
+	if d.gpuMem > 0 && p.n == 1 && c.queues[q].sharing {
+		p.share = d.gpuMem
+	}
 	if p.shape = c.shapeMap[d.shape]; p.shape < 0 {
 		p.shape = c.shapeOf(&p)
 		c.shapeMap[d.shape] = p.shape
@@ -287,30 +290,3 @@ func (c *cycle) job(p *pjob) *broker.Job { return c.jc.refs[p.rec].j }
 
 // idOf is the pending job's id.
 func (c *cycle) idOf(p *pjob) string { return c.jc.refs[p.rec].id }
-
-// shareOf is the memory per card the job asks for when it may share a
-// card, else 0.
-func (c *cycle) shareOf(p *pjob) int64 {
-	if !p.shares {
-		return 0
-	}
-	return c.jc.recs[p.rec].gpuMem
-}
-
-// cpuOf and memOf are the CPU and memory the job asks for on each node.
-func (c *cycle) cpuOf(p *pjob) float64 {
-	if !p.sized {
-		return 0
-	}
-	return c.jc.recs[p.rec].cpu
-}
-
-func (c *cycle) memOf(p *pjob) int64 {
-	if !p.sized {
-		return 0
-	}
-	return c.jc.recs[p.rec].mem
-}
-
-// timeoutOf is the timeout (ns) of the job c.pending[pi], once ordered.
-func (c *cycle) timeoutOf(pi int32) int64 { return c.pendRef[pi].timeout }

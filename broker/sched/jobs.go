@@ -124,31 +124,29 @@ type rjob struct {
 	p0, p1 int32
 }
 
-// pjob is a pending job. It copies what the cycle asks of every job, so
+// pjob is a pending job. It copies what the cycle needs from the job, so
 // that the walk and the plan never go back to the (cold) job record. It
 // holds no pointers (the job and its id are in the cache's refs), so
 // that laying 100,000 of them out in order is a plain copy that the
-// garbage collector neither watches nor scans. It is one cache line (64
-// bytes): what only some jobs have (a card share, CPU or memory, a retry
-// backoff) or only a search that goes on needs (the timeout) stays in
-// the derived record, with a flag here where a check needs one.
+// garbage collector neither watches nor scans.
 type pjob struct {
 	// rec is the job's derived record in cycle.jc.
 	rec                  int32
 	team, project, queue int32
 	class                int32
-	cons                 int32
-	shape                int32 // this cycle's number for shapeKeyOf(p)
 	latency              bool
 	preemptible          bool
 	// starved jobs have waited in the queue past the starvation age.
-	starved bool
-	// shares: the job may share a card (shareOf); sized: it asks for
-	// CPU or memory (cpuOf, memOf); backoff: it is in retry backoff
-	// until its record's notBefore.
-	shares, sized, backoff bool
-	g, n                   int // cards per node, nodes
-	sub                    int64
+	starved   bool
+	g, n      int   // cards per node, nodes
+	share     int64 // memory per card when it may share a card, else 0
+	cons      int32
+	shape     int32 // this cycle's number for shapeKeyOf(p)
+	cpu       float64
+	mem       int64
+	timeout   int64
+	sub       int64
+	notBefore int64 // retry backoff (unix ns), 0 when none
 }
 
 type team struct {
@@ -710,11 +708,7 @@ func (c *cycle) order() {
 	}
 	c.scratch.rank = rank
 	n := len(c.pending)
-	// The two buffers trade places every cycle, and loadJobs asks room
-	// for every job of the snapshot: the same here, so that neither is
-	// reallocated (and ~6 MB faulted in anew) only for having been the
-	// other one last cycle.
-	ordered := slices.Grow(c.scratch.ordered[:0], len(c.s.Jobs))[:n]
+	ordered := slices.Grow(c.scratch.ordered[:0], n)[:n]
 	for i := range c.pending {
 		ordered[rank[i]] = c.pending[i]
 	}

@@ -22,10 +22,10 @@ const (
 // reservation is not delayed (EASY backfill).
 func (c *cycle) accepts(i int32, p *pjob, g int, end int64) bool {
 	nd := &c.nodes[i]
-	if nd.cpuCap > 0 && nd.cpuFree < c.cpuOf(p) {
+	if nd.cpuCap > 0 && nd.cpuFree < p.cpu {
 		return false
 	}
-	if nd.memCap > 0 && nd.memFree < c.memOf(p) {
+	if nd.memCap > 0 && nd.memFree < p.mem {
 		return false
 	}
 	if nd.reserved && end > c.resv.at && nd.extra < g {
@@ -37,8 +37,8 @@ func (c *cycle) accepts(i int32, p *pjob, g int, end int64) bool {
 
 // capacityOK reports whether the node could ever hold the job's CPU and
 // memory.
-func (c *cycle) capacityOK(nd *node, p *pjob) bool {
-	return (nd.cpuCap == 0 || nd.cpuCap >= c.cpuOf(p)) && (nd.memCap == 0 || nd.memCap >= c.memOf(p))
+func capacityOK(nd *node, p *pjob) bool {
+	return (nd.cpuCap == 0 || nd.cpuCap >= p.cpu) && (nd.memCap == 0 || nd.memCap >= p.mem)
 }
 
 // findSingle returns the best-fit ready node with at least g free cards:
@@ -78,7 +78,7 @@ func (c *cycle) findShared(p *pjob, g int, end int64) (int32, uint64) {
 		if !cons.in[nd.sg] || !c.accepts(i, p, g, end) {
 			continue
 		}
-		mask, n := c.sharedCards(nd, c.shareOf(p), g)
+		mask, n := c.sharedCards(nd, p.share, g)
 		whole := g - n
 		if whole > nd.free || whole >= bestWhole {
 			continue
@@ -211,6 +211,7 @@ func (c *cycle) reserveOK(p *pjob, w int) bool {
 // tryStart places the job on free cards now, or records in c.miss why not.
 func (c *cycle) tryStart(pi int32) bool {
 	p := &c.pending[pi]
+	end := c.nowNs + p.timeout
 	c.sawBackfill = false
 	c.miss = missCards
 	if p.g <= 0 {
@@ -220,7 +221,7 @@ func (c *cycle) tryStart(pi int32) bool {
 	// place will not find one later in the same cycle.
 	// Most jobs differ only in cards and nodes: their failures are bits
 	// in fitBits; the rest go to a map.
-	plain := !p.shares && !p.sized && p.g < 64 && p.n < 64
+	plain := p.share == 0 && p.cpu == 0 && p.mem == 0 && p.g < 64 && p.n < 64
 	word, bit := int(p.cons)*64+p.g, uint64(1)<<uint(p.n&63)
 	var fk fitKey
 	if plain {
@@ -228,12 +229,12 @@ func (c *cycle) tryStart(pi int32) bool {
 			return false
 		}
 	} else {
-		fk = fitKey{g: p.g, n: p.n, cons: p.cons, share: c.shareOf(p), cpu: c.cpuOf(p), mem: c.memOf(p)}
+		fk = fitKey{g: p.g, n: p.n, cons: p.cons, share: p.share, cpu: p.cpu, mem: p.mem}
 		if c.fitFailed[fk] {
 			return false
 		}
 	}
-	ok := c.startNow(pi, c.nowNs+c.timeoutOf(pi))
+	ok := c.startNow(pi, end)
 	if !ok && c.miss == missCards && !c.sawBackfill {
 		if plain {
 			for len(c.fitBits) <= word {
@@ -258,7 +259,7 @@ type fitKey struct {
 
 func (c *cycle) startNow(pi int32, end int64) bool {
 	p := &c.pending[pi]
-	if p.shares {
+	if p.share > 0 {
 		if i, shared := c.findShared(p, p.g, end); i >= 0 {
 			nd := &c.nodes[i]
 			need := p.g - bits.OnesCount64(shared)
@@ -395,16 +396,15 @@ func (c *cycle) commitStart(pi int32, nodes []int32, masks []uint64, end int64) 
 		grace: int64(j.Spec.Checkpoint.Grace.D()), p0: int32(len(c.rplaces))}
 	c.running = append(c.running, r)
 	st := Start{Job: j.ID, Placements: make([]broker.Placement, len(nodes))}
-	share, cpu, mem := c.shareOf(p), c.cpuOf(p), c.memOf(p)
 	for k, i := range nodes {
 		nd := &c.nodes[i]
 		mask := masks[k]
 		pl := broker.Placement{Node: nd.n.Name, GPUs: make([]int, 0, p.g), UUIDs: make([]string, 0, p.g)}
 		for m := mask; m != 0; m &= m - 1 {
 			cd := &nd.cards[bits.TrailingZeros64(m)]
-			if share > 0 {
+			if p.share > 0 {
 				cd.sharers++
-				cd.memUsed += share
+				cd.memUsed += p.share
 			} else {
 				cd.whole = true
 			}
@@ -412,13 +412,13 @@ func (c *cycle) commitStart(pi int32, nodes []int32, masks []uint64, end int64) 
 			pl.GPUs = append(pl.GPUs, cd.index)
 			pl.UUIDs = append(pl.UUIDs, cd.uuid)
 		}
-		pl.MemoryShare = share
+		pl.MemoryShare = p.share
 		st.Placements[k] = pl
 		if nd.cpuCap > 0 {
-			nd.cpuFree -= cpu
+			nd.cpuFree -= p.cpu
 		}
 		if nd.memCap > 0 {
-			nd.memFree -= mem
+			nd.memFree -= p.mem
 		}
 		if nd.reserved && end > c.resv.at {
 			nd.extra -= bits.OnesCount64(mask)
@@ -485,7 +485,7 @@ func (c *cycle) tryClaim(pi int32) int64 {
 				continue // a node with enough free cards was refused for another reason
 			}
 			at := c.drainDeadline(i)
-			if !c.accepts(i, p, p.g, at+c.timeoutOf(pi)) {
+			if !c.accepts(i, p, p.g, at+p.timeout) {
 				continue
 			}
 			if best < 0 || capa-p.g < bestLeft {
@@ -497,7 +497,7 @@ func (c *cycle) tryClaim(pi int32) int64 {
 		}
 		nodes = []int32{best}
 	} else {
-		nodes = c.findGang(p, p.g, p.n, c.nowNs+c.timeoutOf(pi), true)
+		nodes = c.findGang(p, p.g, p.n, c.nowNs+p.timeout, true)
 		if nodes == nil {
 			return 0
 		}
@@ -515,7 +515,7 @@ func (c *cycle) tryClaim(pi int32) int64 {
 		at = max(at, c.drainDeadline(i))
 	}
 	for _, i := range nodes {
-		c.claim(i, p.g, 0, at+c.timeoutOf(pi))
+		c.claim(i, p.g, 0, at+p.timeout)
 	}
 	return at
 }

@@ -361,9 +361,9 @@ func (c *cycle) tryPreempt(pi int32, r rights) int64 {
 	}
 	var picks []nodePick
 	if p.n == 1 {
-		picks = c.preemptSingle(pi, &r)
+		picks = c.preemptSingle(p, &r)
 	} else {
-		picks = c.preemptGang(pi, &r)
+		picks = c.preemptGang(p, &r)
 	}
 	if picks == nil {
 		if byShape {
@@ -395,7 +395,7 @@ func (c *cycle) tryPreempt(pi int32, r rights) int64 {
 		at = max(at, c.drainDeadline(pk.node))
 	}
 	for k, pk := range picks {
-		c.claim(pk.node, p.g, prefer[k], at+c.timeoutOf(pi))
+		c.claim(pk.node, p.g, prefer[k], at+p.timeout)
 	}
 	return at
 }
@@ -410,7 +410,7 @@ func (c *cycle) victimsEnd(vs []victim) int64 {
 	return at
 }
 
-func (c *cycle) preemptSingle(pi int32, r *rights) []nodePick {
+func (c *cycle) preemptSingle(p *pjob, r *rights) []nodePick {
 	var bestPick nodePick
 	var best *nodePick // &bestPick once one is found
 	byClassOnly := !r.latency && !r.reclaim && !r.projReclaim && !r.queueReclaim
@@ -426,7 +426,7 @@ func (c *cycle) preemptSingle(pi int32, r *rights) []nodePick {
 		}
 		set := c.lostSets[b]
 		for i := set.next(0); i >= 0; i = set.next(i + 1) {
-			if pk, ok := c.preemptOnNode(i, pi, r, byClassOnly, best); ok {
+			if pk, ok := c.preemptOnNode(i, p, r, byClassOnly, best); ok {
 				bestPick, best = pk, &bestPick
 			}
 		}
@@ -439,11 +439,10 @@ func (c *cycle) preemptSingle(pi int32, r *rights) []nodePick {
 
 // preemptOnNode is the cheapest victim set on node i for p, if it beats
 // best.
-func (c *cycle) preemptOnNode(i, pi int32, r *rights, byClassOnly bool, best *nodePick) (nodePick, bool) {
-	p := &c.pending[pi]
+func (c *cycle) preemptOnNode(i int32, p *pjob, r *rights, byClassOnly bool, best *nodePick) (nodePick, bool) {
 	cons := &c.cons[p.cons]
 	nd := &c.nodes[i]
-	if nd.free+nd.drain+nd.pCards < p.g || !cons.in[nd.sg] || !c.capacityOK(nd, p) {
+	if nd.free+nd.drain+nd.pCards < p.g || !cons.in[nd.sg] || !capacityOK(nd, p) {
 		return nodePick{}, false
 	}
 	// Cheap refusals from the node's summary: no victim of a lower class
@@ -469,7 +468,7 @@ func (c *cycle) preemptOnNode(i, pi int32, r *rights, byClassOnly bool, best *no
 		if !ok || len(vs) == 0 {
 			return nodePick{}, false
 		}
-		if end := c.victimsEnd(vs) + c.timeoutOf(pi); nd.reserved && end > c.resv.at && nd.extra < p.g {
+		if end := c.victimsEnd(vs) + p.timeout; nd.reserved && end > c.resv.at && nd.extra < p.g {
 			c.sawBackfill = true
 			return nodePick{}, false
 		}
@@ -477,8 +476,7 @@ func (c *cycle) preemptOnNode(i, pi int32, r *rights, byClassOnly bool, best *no
 	}
 }
 
-func (c *cycle) preemptGang(pi int32, r *rights) []nodePick {
-	p := &c.pending[pi]
+func (c *cycle) preemptGang(p *pjob, r *rights) []nodePick {
 	cons := &c.cons[p.cons]
 	var best []nodePick
 	var bestCost vcost
@@ -490,14 +488,14 @@ func (c *cycle) preemptGang(pi int32, r *rights) []nodePick {
 		var picks []nodePick
 		for _, i := range gg.nodes {
 			nd := &c.nodes[i]
-			if nd.free+nd.drain+nd.pCards < p.g || nd.total < p.g || !c.capacityOK(nd, p) {
+			if nd.free+nd.drain+nd.pCards < p.g || nd.total < p.g || !capacityOK(nd, p) {
 				continue
 			}
 			cost, vs, ok := c.bestOnNode(i, p, r, p.g, nil)
 			if !ok {
 				continue
 			}
-			if end := c.victimsEnd(vs) + c.timeoutOf(pi); nd.reserved && end > c.resv.at && nd.extra < p.g {
+			if end := c.victimsEnd(vs) + p.timeout; nd.reserved && end > c.resv.at && nd.extra < p.g {
 				c.sawBackfill = true
 				continue
 			}

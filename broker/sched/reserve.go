@@ -64,7 +64,7 @@ func (c *cycle) reserve(pi int32) bool {
 	w := p.g * p.n
 	fits := func(i int32) bool {
 		nd := &c.nodes[i]
-		return nd.ready && cons.in[nd.sg] && int(freeAt[i]) >= p.g && c.capacityOK(nd, p)
+		return nd.ready && cons.in[nd.sg] && int(freeAt[i]) >= p.g && capacityOK(nd, p)
 	}
 	// pick returns the chosen nodes at the current point of the sweep, or
 	// nil.

@@ -27,11 +27,11 @@ func (c *cycle) walk() {
 		ref := &c.pendRef[pi]
 		e := &pend[:len(pend)+1][len(pend)]
 		*e = Pending{Job: ref.id, j: ref.j,
-			Reason: Reason{ctx: c.rctx, g: int32(p.g), n: int32(p.n), share: c.shareOf(p), model: p.cons, queue: p.queue}}
+			Reason: Reason{ctx: c.rctx, g: int32(p.g), n: int32(p.n), share: p.share, model: p.cons, queue: p.queue}}
 		r := &e.Reason
 		switch over, project := c.quotaOver(p); {
-		case p.backoff:
-			r.kind, r.at = kindBackoff, c.jc.recs[p.rec].notBefore
+		case p.notBefore > c.nowNs:
+			r.kind, r.at = kindBackoff, p.notBefore
 		case over > 0:
 			if at := c.tryPreempt(pi, c.rightsOf(p, over, project)); at > 0 {
 				r.kind, r.est, r.victims = kindPreempting, at, c.victimText()
@@ -171,7 +171,7 @@ func (c *cycle) blocked(pi int32, r *Reason, miss miss, sawBackfill bool) {
 // healthy cards for the job, whoever holds them now. Nodes do not change
 // during a cycle: the answer for a shape without CPU or memory is kept.
 func (c *cycle) canEverFit(p *pjob) bool {
-	if p.sized || p.g <= 0 || p.g >= 64 || p.n >= 64 {
+	if p.cpu != 0 || p.mem != 0 || p.g <= 0 || p.g >= 64 || p.n >= 64 {
 		return c.everFit(p)
 	}
 	word, bit := int(p.cons)*64+p.g, uint64(1)<<uint(p.n)
@@ -210,7 +210,7 @@ func (c *cycle) everFit(p *pjob) bool {
 		}
 		n := 0
 		for _, i := range gg.nodes {
-			if nd := &c.nodes[i]; nd.total >= p.g && c.capacityOK(nd, p) {
+			if nd := &c.nodes[i]; nd.total >= p.g && capacityOK(nd, p) {
 				n++
 			}
 		}
