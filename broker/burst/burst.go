@@ -35,6 +35,11 @@ type Policy struct {
 	// capacity (Starburst's linear_cost, on declared timeouts). A queue's
 	// own minWait still overrides it.
 	WaitPerGPUHour time.Duration `json:"waitPerGPUHour,omitempty"`
+	// MaxWait, when positive, caps the wait WaitPerGPUHour gives one job:
+	// large, long work still waits for owned GPUs first, but not past a
+	// bound (a gang of 2 × 8 GPUs for 3 days would otherwise wait 1,152
+	// times WaitPerGPUHour).
+	MaxWait time.Duration `json:"maxWait,omitempty"`
 	// MaxInFlight caps machines being requested, provisioned or
 	// bootstrapped at once; MaxInFlightPerProvider caps them per provider.
 	MaxInFlight            int `json:"maxInFlight"`
@@ -101,7 +106,8 @@ type Job struct {
 
 // MinWaitFor is how long job j waits before it may burst: its own
 // MinWait when set, else its queue's minWait, else WaitPerGPUHour × its
-// declared GPU-hours when that is set, else the policy's MinWait.
+// declared GPU-hours (at most MaxWait, when set) when that is set, else
+// the policy's MinWait.
 func (p Policy) MinWaitFor(j Job) time.Duration {
 	switch q := p.Queues[j.Queue]; {
 	case j.MinWait > 0:
@@ -110,7 +116,11 @@ func (p Policy) MinWaitFor(j Job) time.Duration {
 		return q.MinWait
 	case p.WaitPerGPUHour > 0:
 		gpuHours := float64(j.GPUs*max(1, j.Nodes)) * j.Timeout.Hours()
-		return time.Duration(float64(p.WaitPerGPUHour) * gpuHours)
+		w := time.Duration(float64(p.WaitPerGPUHour) * gpuHours)
+		if p.MaxWait > 0 {
+			w = min(w, p.MaxWait)
+		}
+		return w
 	}
 	return p.MinWait
 }

@@ -178,6 +178,25 @@ func TestWaitPerGPUHour(t *testing.T) {
 	if r := d.Reasons["large"]; r.Code != CodeMinWait || !strings.Contains(r.Message, "of the 32m minimum") {
 		t.Fatalf("the 8-GPU, 4-hour job waits 32 minutes: %+v", r)
 	}
+
+	// maxWait caps what waitPerGPUHour gives: the large job waits 4
+	// minutes, has waited 5, and goes; the small one keeps its 30s, and a
+	// queue's own minWait is no per-GPU-hour wait and is not capped.
+	in.Policy.MaxWait = 4 * time.Minute
+	in.Policy.Queues = map[string]QueuePolicy{"inference": {MinWait: time.Hour}}
+	for j, want := range map[Job]time.Duration{small: 30 * time.Second, large: 4 * time.Minute, pinned: time.Hour} {
+		if got := in.Policy.MinWaitFor(j); got != want {
+			t.Errorf("with maxWait 4m, %s: minimum wait %v, want %v", j.ID, got, want)
+		}
+	}
+	went = nil
+	for _, l := range Decide(in).Launches {
+		went = append(went, l.Jobs...)
+	}
+	slices.Sort(went)
+	if diff := cmp.Diff([]string{"large", "small"}, went); diff != "" {
+		t.Fatalf("with maxWait 4m (-want +got):\n%s", diff)
+	}
 }
 
 func TestOfferChoice(t *testing.T) {

@@ -24,6 +24,8 @@ type Burst struct {
 	// WaitPerGPUHour, when set, replaces MinWait with a wait per job of
 	// this much per GPU-hour the job declares (GPUs × nodes × timeout).
 	WaitPerGPUHour broker.Duration `json:"waitPerGPUHour,omitempty"`
+	// MaxWait caps the wait WaitPerGPUHour gives one job (needs it).
+	MaxWait broker.Duration `json:"maxWait,omitempty"`
 	// MaxInFlight caps machines starting at once; per provider too.
 	MaxInFlight            int `json:"maxInFlight,omitempty"`
 	MaxInFlightPerProvider int `json:"maxInFlightPerProvider,omitempty"`
@@ -192,6 +194,12 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 	if b.WaitPerGPUHour < 0 || b.WaitPerGPUHour.D() > time.Hour {
 		add("burst.waitPerGPUHour", broker.CodeOutOfRange, "must be between 0 and 1h, e.g. 30s")
 	}
+	switch {
+	case b.MaxWait < 0 || b.MaxWait.D() > 7*24*time.Hour:
+		add("burst.maxWait", broker.CodeOutOfRange, "must be between 0 and 7d, e.g. 45m")
+	case b.MaxWait > 0 && b.WaitPerGPUHour == 0:
+		add("burst.maxWait", broker.CodeInvalid, "caps the wait burst.waitPerGPUHour gives a job; set burst.waitPerGPUHour too")
+	}
 	if b.MaxInFlight < 1 || b.MaxInFlight > 1000 {
 		add("burst.maxInFlight", broker.CodeOutOfRange, "must be between 1 and 1000")
 	}
@@ -262,7 +270,7 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 func (c *Config) BurstPolicy() burst.Policy {
 	b := c.Burst
 	p := burst.Policy{Threshold: b.Threshold, Hysteresis: b.Hysteresis, MinWait: b.MinWait.D(), WaitPerGPUHour: b.WaitPerGPUHour.D(),
-		MaxInFlight: b.MaxInFlight, MaxInFlightPerProvider: b.MaxInFlightPerProvider,
+		MaxWait: b.MaxWait.D(), MaxInFlight: b.MaxInFlight, MaxInFlightPerProvider: b.MaxInFlightPerProvider,
 		IdleTTL: b.IdleTTL.D(), MaxLifetime: b.MaxLifetime.D(), LeaseMargin: b.LeaseMargin.D(),
 		Queues: map[string]burst.QueuePolicy{}, Priorities: map[string]int{}}
 	if sb := b.SpillBack; sb.Enabled {

@@ -198,6 +198,8 @@ func (p *Policy) set(k, v string, queues []string) error {
 		p.Wait.Budget, err = num(0, 100)
 	case "waitPerGPUHour":
 		p.Burst.WaitPerGPUHour, err = dur()
+	case "maxWait":
+		p.Burst.MaxWait, err = dur()
 	case "budget":
 		if p.Wait.Kind == "" || p.Wait.Kind == WaitZero {
 			return fmt.Errorf("only the starburst constant, linear-runtime and linear-cost policies have a waiting budget")
@@ -206,7 +208,7 @@ func (p *Policy) set(k, v string, queues []string) error {
 	default:
 		queue, field, ok := strings.Cut(k, ".")
 		if !ok || !slices.Contains(queues, queue) {
-			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, costWait, waitPerGPUHour, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
+			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, costWait, waitPerGPUHour, maxWait, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
 		}
 		switch field {
 		case "minWait", "waitTarget":
