@@ -44,6 +44,10 @@ test-deps: ## install on Debian (as root) what the end-to-end tests need: sshd, 
 # traces folder next to the checkout, or PHILLY=/path/to/philly.csv.
 PHILLY ?= $(firstword $(wildcard ../shared/traces/philly/philly.csv ../../shared/traces/philly/philly.csv))
 SIM_STD := --trace $(PHILLY) --cluster deploy/sim/cluster.yaml --from 2017-10-01 --to 2017-12-01
+# make sim's policies: every built-in one, and spillway with cost-proportional
+# waits (burst.waitPerGPUHour calibrated by costWait, gangs capped by
+# burst.maxWaitMultiNode; docs/sim.md).
+SIM_POLICIES ?= no-burst,burst-any-pending,spillway,starburst-zero,starburst-constant,starburst-linear-runtime,starburst-linear-cost,spillway:costWait=0.25:maxWaitMultiNode=30m
 BENCH_OUT := bin/bench
 
 .PHONY: bench
@@ -176,6 +180,6 @@ race: ## the broker's tests under the race detector, one package at a time (docs
 	$(GO) test -race -count=1 -p 1 -timeout 30m ./broker/...
 
 .PHONY: sim
-sim: build ## replay Philly (Oct-Nov 2017) on 416 on-prem GPUs under every burst policy; chart in bin/sim.svg
+sim: build ## replay Philly (Oct-Nov 2017) on 416 on-prem GPUs under every burst policy and spillway with cost-proportional waits; chart in bin/sim.svg
 	@test -n "$(PHILLY)" || { echo "make sim: the Philly trace was not found; set PHILLY=/path/to/philly.csv"; exit 1; }
-	./$(BIN) sim $(SIM_STD) --chart bin/sim.svg
+	./$(BIN) sim $(SIM_STD) --policy $(SIM_POLICIES) --chart bin/sim.svg

@@ -40,6 +40,12 @@ type Policy struct {
 	// bound (a gang of 2 × 8 GPUs for 3 days would otherwise wait 1,152
 	// times WaitPerGPUHour).
 	MaxWait time.Duration `json:"maxWait,omitempty"`
+	// MaxWaitMultiNode, when positive, is MaxWait for multi-node jobs. A
+	// gang needs several whole owned nodes free at once, which a busy
+	// site seldom has, so waiting in proportion to its cost buys it far
+	// less owned capacity than it buys a single-node job (on the
+	// simulator's standard scenario, days of waiting).
+	MaxWaitMultiNode time.Duration `json:"maxWaitMultiNode,omitempty"`
 	// MaxInFlight caps machines being requested, provisioned or
 	// bootstrapped at once; MaxInFlightPerProvider caps them per provider.
 	MaxInFlight            int `json:"maxInFlight"`
@@ -106,8 +112,8 @@ type Job struct {
 
 // MinWaitFor is how long job j waits before it may burst: its own
 // MinWait when set, else its queue's minWait, else WaitPerGPUHour × its
-// declared GPU-hours (at most MaxWait, when set) when that is set, else
-// the policy's MinWait.
+// declared GPU-hours (at most MaxWait, or MaxWaitMultiNode for a
+// multi-node job, when set) when that is set, else the policy's MinWait.
 func (p Policy) MinWaitFor(j Job) time.Duration {
 	switch q := p.Queues[j.Queue]; {
 	case j.MinWait > 0:
@@ -117,8 +123,12 @@ func (p Policy) MinWaitFor(j Job) time.Duration {
 	case p.WaitPerGPUHour > 0:
 		gpuHours := float64(j.GPUs*max(1, j.Nodes)) * j.Timeout.Hours()
 		w := time.Duration(float64(p.WaitPerGPUHour) * gpuHours)
-		if p.MaxWait > 0 {
-			w = min(w, p.MaxWait)
+		limit := p.MaxWait
+		if j.Nodes > 1 && p.MaxWaitMultiNode > 0 {
+			limit = p.MaxWaitMultiNode
+		}
+		if limit > 0 {
+			w = min(w, limit)
 		}
 		return w
 	}

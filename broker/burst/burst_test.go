@@ -197,6 +197,23 @@ func TestWaitPerGPUHour(t *testing.T) {
 	if diff := cmp.Diff([]string{"large", "small"}, went); diff != "" {
 		t.Fatalf("with maxWait 4m (-want +got):\n%s", diff)
 	}
+
+	// maxWaitMultiNode caps a gang's wait alone: 2 × 8 GPUs for 4 hours
+	// would wait 64 minutes, at most 10; the single-node job keeps maxWait.
+	gang := large
+	gang.ID, gang.Nodes = "gang", 2
+	in.Policy.MaxWait, in.Policy.MaxWaitMultiNode = 0, 10*time.Minute
+	for j, want := range map[Job]time.Duration{large: 32 * time.Minute, gang: 10 * time.Minute} {
+		if got := in.Policy.MinWaitFor(j); got != want {
+			t.Errorf("with maxWaitMultiNode 10m, %s: minimum wait %v, want %v", j.ID, got, want)
+		}
+	}
+	in.Policy.MaxWait = 20 * time.Minute
+	for j, want := range map[Job]time.Duration{large: 20 * time.Minute, gang: 10 * time.Minute} {
+		if got := in.Policy.MinWaitFor(j); got != want {
+			t.Errorf("with maxWait 20m and maxWaitMultiNode 10m, %s: minimum wait %v, want %v", j.ID, got, want)
+		}
+	}
 }
 
 func TestOfferChoice(t *testing.T) {

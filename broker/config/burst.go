@@ -26,6 +26,9 @@ type Burst struct {
 	WaitPerGPUHour broker.Duration `json:"waitPerGPUHour,omitempty"`
 	// MaxWait caps the wait WaitPerGPUHour gives one job (needs it).
 	MaxWait broker.Duration `json:"maxWait,omitempty"`
+	// MaxWaitMultiNode is MaxWait for multi-node jobs (needs
+	// WaitPerGPUHour).
+	MaxWaitMultiNode broker.Duration `json:"maxWaitMultiNode,omitempty"`
 	// MaxInFlight caps machines starting at once; per provider too.
 	MaxInFlight            int `json:"maxInFlight,omitempty"`
 	MaxInFlightPerProvider int `json:"maxInFlightPerProvider,omitempty"`
@@ -194,11 +197,17 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 	if b.WaitPerGPUHour < 0 || b.WaitPerGPUHour.D() > time.Hour {
 		add("burst.waitPerGPUHour", broker.CodeOutOfRange, "must be between 0 and 1h, e.g. 30s")
 	}
-	switch {
-	case b.MaxWait < 0 || b.MaxWait.D() > 7*24*time.Hour:
-		add("burst.maxWait", broker.CodeOutOfRange, "must be between 0 and 7d, e.g. 45m")
-	case b.MaxWait > 0 && b.WaitPerGPUHour == 0:
-		add("burst.maxWait", broker.CodeInvalid, "caps the wait burst.waitPerGPUHour gives a job; set burst.waitPerGPUHour too")
+	for _, c := range []struct {
+		field string
+		d     broker.Duration
+	}{{"burst.maxWait", b.MaxWait}, {"burst.maxWaitMultiNode", b.MaxWaitMultiNode}} {
+		field, d := c.field, c.d
+		switch {
+		case d < 0 || d.D() > 7*24*time.Hour:
+			add(field, broker.CodeOutOfRange, "must be between 0 and 7d, e.g. 45m")
+		case d > 0 && b.WaitPerGPUHour == 0:
+			add(field, broker.CodeInvalid, "caps the wait burst.waitPerGPUHour gives a job; set burst.waitPerGPUHour too")
+		}
 	}
 	if b.MaxInFlight < 1 || b.MaxInFlight > 1000 {
 		add("burst.maxInFlight", broker.CodeOutOfRange, "must be between 1 and 1000")
@@ -270,7 +279,7 @@ func (c *Config) validateBurst(add func(field, code, format string, args ...any)
 func (c *Config) BurstPolicy() burst.Policy {
 	b := c.Burst
 	p := burst.Policy{Threshold: b.Threshold, Hysteresis: b.Hysteresis, MinWait: b.MinWait.D(), WaitPerGPUHour: b.WaitPerGPUHour.D(),
-		MaxWait: b.MaxWait.D(), MaxInFlight: b.MaxInFlight, MaxInFlightPerProvider: b.MaxInFlightPerProvider,
+		MaxWait: b.MaxWait.D(), MaxWaitMultiNode: b.MaxWaitMultiNode.D(), MaxInFlight: b.MaxInFlight, MaxInFlightPerProvider: b.MaxInFlightPerProvider,
 		IdleTTL: b.IdleTTL.D(), MaxLifetime: b.MaxLifetime.D(), LeaseMargin: b.LeaseMargin.D(),
 		Queues: map[string]burst.QueuePolicy{}, Priorities: map[string]int{}}
 	if sb := b.SpillBack; sb.Enabled {

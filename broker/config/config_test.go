@@ -68,6 +68,7 @@ func TestBadConfigNamesField(t *testing.T) {
 		"dataDir: x\nburst: {waitPerGPUHour: 2h}":                                      "burst.waitPerGPUHour",
 		"dataDir: x\nburst: {maxWait: 45m}":                                            "burst.maxWait",
 		"dataDir: x\nburst: {waitPerGPUHour: 1m, maxWait: 8d}":                         "burst.maxWait",
+		"dataDir: x\nburst: {maxWaitMultiNode: 30m}":                                   "burst.maxWaitMultiNode",
 		"dataDir: x\nburst: {spillBack: {enabled: true, margin: -1}}":                  "burst.spillBack.margin",
 		"dataDir: x\nburst: {spillBack: {minInterval: -1h}}":                           "burst.spillBack.minInterval",
 		"dataDir: x\nburst: {spillBack: {staging: 48h}}":                               "burst.spillBack.staging",

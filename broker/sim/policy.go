@@ -200,6 +200,8 @@ func (p *Policy) set(k, v string, queues []string) error {
 		p.Burst.WaitPerGPUHour, err = dur()
 	case "maxWait":
 		p.Burst.MaxWait, err = dur()
+	case "maxWaitMultiNode":
+		p.Burst.MaxWaitMultiNode, err = dur()
 	case "budget":
 		if p.Wait.Kind == "" || p.Wait.Kind == WaitZero {
 			return fmt.Errorf("only the starburst constant, linear-runtime and linear-cost policies have a waiting budget")
@@ -208,7 +210,7 @@ func (p *Policy) set(k, v string, queues []string) error {
 	default:
 		queue, field, ok := strings.Cut(k, ".")
 		if !ok || !slices.Contains(queues, queue) {
-			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, costWait, waitPerGPUHour, maxWait, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
+			return fmt.Errorf("unknown key (known: threshold, hysteresis, minWait, waitTarget, idleTTL, maxInFlight, budget, costWait, waitPerGPUHour, maxWait, maxWaitMultiNode, QUEUE.minWait, QUEUE.waitTarget, QUEUE.threshold)")
 		}
 		switch field {
 		case "minWait", "waitTarget":

@@ -353,12 +353,12 @@ func TestParsePolicies(t *testing.T) {
 	if err != nil || len(pols) != 7 {
 		t.Fatalf("%d policies, %v", len(pols), err)
 	}
-	p, err := ParsePolicy("spillway:threshold=0.9:minWait=5m:waitTarget=1h:idleTTL=1m:maxInFlight=3:waitPerGPUHour=45s:maxWait=40m", c)
+	p, err := ParsePolicy("spillway:threshold=0.9:minWait=5m:waitTarget=1h:idleTTL=1m:maxInFlight=3:waitPerGPUHour=45s:maxWait=40m:maxWaitMultiNode=20m", c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := p.Burst
-	if b.Threshold != 0.9 || b.MinWait != 5*time.Minute || b.Queues["short"].WaitTarget != time.Hour || b.IdleTTL != time.Minute || b.MaxInFlight != 3 || b.WaitPerGPUHour != 45*time.Second || b.MaxWait != 40*time.Minute {
+	if b.Threshold != 0.9 || b.MinWait != 5*time.Minute || b.Queues["short"].WaitTarget != time.Hour || b.IdleTTL != time.Minute || b.MaxInFlight != 3 || b.WaitPerGPUHour != 45*time.Second || b.MaxWait != 40*time.Minute || b.MaxWaitMultiNode != 20*time.Minute {
 		t.Fatalf("overrides not applied: %+v", b)
 	}
 	q, err := ParsePolicy("spillway:short.minWait=1h:short.threshold=0.5:default.waitTarget=2h", c)
