@@ -101,14 +101,21 @@ func (d *Door) commands() slurm.Commands {
 	return slurm.Commands{}
 }
 
-// liveRecordLocked is the record backing a node that has not ended.
-func (d *Door) liveRecordLocked(node string) *broker.InstanceRecord {
+// liveRecord is the record backing a node that has not ended (nil when
+// none), and the leader term's context for the workers a resume or
+// suspend starts; ErrNotLeader while no term runs Loop.
+func (d *Door) liveRecord(node string) (context.Context, *broker.InstanceRecord, error) {
+	d.st.Lock()
+	defer d.st.Unlock()
+	if d.ctx == nil {
+		return nil, nil, ErrNotLeader
+	}
 	for _, r := range d.fleet.RecordsLocked() {
 		if r.SlurmNode == node && !r.State.Ended() {
-			return r
+			return d.ctx, r, nil
 		}
 	}
-	return nil
+	return d.ctx, nil, nil
 }
 
 // Resume gives each node a machine, unless it has one: the matching
@@ -125,12 +132,9 @@ func (d *Door) Resume(ctx context.Context, names []string, jobs []api.SlurmResum
 	var down []api.SlurmNodeResult
 	for _, name := range names {
 		r := api.SlurmNodeResult{Node: name}
-		d.st.Lock()
-		wctx := d.ctx
-		live := d.liveRecordLocked(name)
-		d.st.Unlock()
-		if wctx == nil {
-			return res, ErrNotLeader
+		wctx, live, err := d.liveRecord(name)
+		if err != nil {
+			return res, err
 		}
 		if live != nil && live.State != broker.MachineDraining && live.State != broker.MachineTerminating {
 			r.Action, r.Record, r.Offer = "launched", live.ID, live.Offer.Key()

@@ -22,12 +22,9 @@ func (d *Door) Suspend(ctx context.Context, names []string) (api.SlurmResult, er
 	var res api.SlurmResult
 	for _, name := range names {
 		r := api.SlurmNodeResult{Node: name, Action: "none"}
-		d.st.Lock()
-		wctx := d.ctx
-		live := d.liveRecordLocked(name)
-		d.st.Unlock()
-		if wctx == nil {
-			return res, ErrNotLeader
+		wctx, live, err := d.liveRecord(name)
+		if err != nil {
+			return res, err
 		}
 		if live == nil {
 			res.Nodes = append(res.Nodes, r)
@@ -43,7 +40,7 @@ func (d *Door) Suspend(ctx context.Context, names []string) (api.SlurmResult, er
 			res.Nodes = append(res.Nodes, r)
 			continue
 		}
-		_, err := d.fleet.Update(ctx, live.ID, func(rr *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
+		_, err = d.fleet.Update(ctx, live.ID, func(rr *broker.InstanceRecord, now time.Time) ([]*broker.Job, func(broker.Tx) error) {
 			if rr.State != broker.MachineDraining && rr.State != broker.MachineTerminating {
 				rr.Transit(now, broker.MachineDraining, "slurm_suspend", "slurmctld suspends node "+name)
 			}

@@ -13,6 +13,7 @@ package state
 
 import (
 	"iter"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -148,15 +149,7 @@ func (st *State) Apply(jobs []*broker.Job, nodes []*broker.Node, each func(old, 
 func (st *State) Job(id string) *broker.Job { return st.jobs[id] }
 
 // Jobs yields every non-terminal job, in no order.
-func (st *State) Jobs() iter.Seq[*broker.Job] {
-	return func(yield func(*broker.Job) bool) {
-		for _, j := range st.jobs {
-			if !yield(j) {
-				return
-			}
-		}
-	}
-}
+func (st *State) Jobs() iter.Seq[*broker.Job] { return maps.Values(st.jobs) }
 
 // JobCount is how many non-terminal jobs there are.
 func (st *State) JobCount() int { return len(st.jobs) }
@@ -165,15 +158,7 @@ func (st *State) JobCount() int { return len(st.jobs) }
 func (st *State) Node(name string) *broker.Node { return st.nodes[name] }
 
 // Nodes yields every node, in no order.
-func (st *State) Nodes() iter.Seq[*broker.Node] {
-	return func(yield func(*broker.Node) bool) {
-		for _, n := range st.nodes {
-			if !yield(n) {
-				return
-			}
-		}
-	}
-}
+func (st *State) Nodes() iter.Seq[*broker.Node] { return maps.Values(st.nodes) }
 
 // NodeCount is how many nodes there are.
 func (st *State) NodeCount() int { return len(st.nodes) }
@@ -187,12 +172,7 @@ func (st *State) DropNode(name string) { delete(st.nodes, name) }
 
 // HoldingOn returns the jobs holding GPUs on node, by id.
 func (st *State) HoldingOn(node string) []*broker.Job {
-	var out []*broker.Job
-	for id := range st.byNode[node] {
-		out = append(out, st.jobs[id])
-	}
-	slices.SortFunc(out, func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
-	return out
+	return slices.SortedFunc(st.Holders(node), func(a, b *broker.Job) int { return strings.Compare(a.ID, b.ID) })
 }
 
 // Holders yields the jobs holding GPUs on node, in no order (HoldingOn
