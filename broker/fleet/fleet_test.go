@@ -2,117 +2,31 @@ package fleet
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/adapters"
-	"github.com/spillway-dev/spillway/broker/burst"
-	"github.com/spillway-dev/spillway/broker/burstctl"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
-	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
+	"github.com/spillway-dev/spillway/broker/fleet/fleettest"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/fake"
 )
 
 var t0 = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 
-// fakeBroker is Broker over a store and a few maps: enough for the fleet
-// alone, without a server.
-type fakeBroker struct {
-	sync.Mutex
-	store broker.Store
-	nodes map[string]*broker.Node
-	// dropped are the nodes Commit dropped, in order.
-	dropped []string
-	reasons map[string]broker.PendingReason
-	// work counts the goroutines Go started and not yet returned.
-	work sync.WaitGroup
-	ids  int
-}
-
-var _ Broker = (*fakeBroker)(nil)
-
-func (b *fakeBroker) MayDecide() bool                                 { return true }
-func (b *fakeBroker) Job(string) *broker.Job                          { return nil }
-func (b *fakeBroker) Waiting() []burstctl.Waiting                     { return nil }
-func (b *fakeBroker) OnPrem() (int, int)                              { return 0, 0 }
-func (b *fakeBroker) MachineJobs(string) ([]string, int)              { return nil, 0 }
-func (b *fakeBroker) OnMachine(string) ([]*broker.Job, []*broker.Job) { return nil, nil }
-func (b *fakeBroker) HomeNodes() []burst.HomeNode                     { return nil }
-func (b *fakeBroker) WakeNode(string)                                 {}
-func (b *fakeBroker) OffersChanged()                                  {}
-func (b *fakeBroker) Kick()                                           {}
-func (b *fakeBroker) Park() func()                                    { return func() {} }
-func (b *fakeBroker) BrokerCA() string                                { return "" }
-func (b *fakeBroker) AgentRuntime(string) *jobrt.Config               { return &jobrt.Config{} }
-func (b *fakeBroker) SlurmDown(context.Context, string, string)       {}
-
-func (b *fakeBroker) SlurmBootstrap(context.Context, *broker.InstanceRecord, providers.Provider) error {
-	return fmt.Errorf("no slurm here")
-}
-
-func (b *fakeBroker) Node(name string) (*broker.Node, bool) {
-	n, ok := b.nodes[name]
-	return n, ok
-}
-
-func (b *fakeBroker) NoteReasons(r map[string]broker.PendingReason) { b.reasons = r }
-
-func (b *fakeBroker) NewRecordID(time.Time) string {
-	b.ids++
-	return fmt.Sprintf("spw-%d", b.ids)
-}
-
-func (b *fakeBroker) Commit(ctx context.Context, jobs []*broker.Job, dropNodes []string, tx func(broker.Tx) error) error {
-	err := b.store.Update(ctx, func(t broker.Tx) error {
-		for _, j := range jobs {
-			if err := broker.PutJob(t, j); err != nil {
-				return err
-			}
-		}
-		if tx != nil {
-			if err := tx(t); err != nil {
-				return err
-			}
-		}
-		for _, n := range dropNodes {
-			if err := t.Delete(broker.BucketNodes, n); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for _, n := range dropNodes {
-		delete(b.nodes, n)
-		b.dropped = append(b.dropped, n)
-	}
-	return nil
-}
-
-func (b *fakeBroker) Go(fn func(ctx context.Context)) {
-	b.work.Add(1)
-	go func() {
-		defer b.work.Done()
-		fn(context.Background())
-	}()
-}
+var _ Broker = (*fleettest.Broker)(nil)
 
 // rig is a fleet with one fake cloud over a fake broker and a store in
 // memory.
 type rig struct {
 	t     *testing.T
 	ctx   context.Context
-	b     *fakeBroker
+	b     *fleettest.Broker
 	clock *clock.Fake
 	cloud *fake.Provider
 	cfg   *config.Config
@@ -130,14 +44,14 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	r := &rig{t: t, ctx: context.Background(), clock: clock.NewFake(t0), cfg: cfg,
-		b:     &fakeBroker{store: broker.NewMemStore(), nodes: map[string]*broker.Node{}},
+		b:     fleettest.New(),
 		cloud: fake.New("cloud", []providers.Offer{{Region: "r1", InstanceType: "small", GPUModel: "H100", GPUs: 1, Available: true}}, nil)}
-	r.f = New(Options{Broker: r.b, Store: r.b.store, Clock: r.clock, Logger: slog.New(slog.DiscardHandler), Providers: []providers.Provider{r.cloud},
+	r.f = New(Options{Broker: r.b, Store: r.b.Store, Clock: r.clock, Logger: slog.New(slog.DiscardHandler), Providers: []providers.Provider{r.cloud},
 		Config: func() *config.Config { return cfg }, Adapters: func() *adapters.Config { return ad }})
 	if err := r.f.Init(r.ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(r.b.work.Wait)
+	t.Cleanup(r.b.Wait)
 	return r
 }
 
@@ -180,7 +94,7 @@ func TestReconcile(t *testing.T) {
 	r.put(&broker.InstanceRecord{ID: "spw-live", Provider: "cloud", ProviderID: live, State: broker.MachineReady, CreatedAt: launched, LaunchedAt: &launched})
 	r.put(&broker.InstanceRecord{ID: "spw-gone", Provider: "cloud", ProviderID: "fake-99", State: broker.MachineReady, CreatedAt: launched,
 		LaunchedAt: &launched, LastSeen: &seen})
-	r.b.nodes["spw-gone"] = &broker.Node{Name: "spw-gone", Instance: "spw-gone"}
+	r.b.Nodes["spw-gone"] = &broker.Node{Name: "spw-gone", Instance: "spw-gone"}
 
 	r.f.Reconcile(r.ctx)
 	if slices.Contains(r.cloud.DeleteCalls, orphan) {
@@ -193,8 +107,8 @@ func TestReconcile(t *testing.T) {
 	if !gone.State.Ended() || gone.TerminatedAt == nil || !gone.TerminatedAt.Equal(seen) {
 		t.Fatalf("vanished record = %s ended at %v, want ended at %v", gone.State, gone.TerminatedAt, seen)
 	}
-	if !slices.Equal(r.b.dropped, []string{"spw-gone"}) {
-		t.Fatalf("dropped nodes %v, want the vanished machine's", r.b.dropped)
+	if !slices.Equal(r.b.Dropped, []string{"spw-gone"}) {
+		t.Fatalf("dropped nodes %v, want the vanished machine's", r.b.Dropped)
 	}
 
 	r.clock.Set(t0.Add(r.cfg.Burst.OrphanGrace.D()))
@@ -224,7 +138,7 @@ func TestWorkersOwned(t *testing.T) {
 		t.Fatal("m1 is not marked working")
 	}
 	close(release)
-	r.b.work.Wait()
+	r.b.Wait()
 	r.b.Lock()
 	defer r.b.Unlock()
 	if runs != 1 || r.f.WorkingLocked("m1") {
@@ -237,7 +151,7 @@ func TestWorkersOwned(t *testing.T) {
 // providers.
 func TestLoadAndReset(t *testing.T) {
 	r := newRig(t)
-	err := r.b.store.Update(r.ctx, func(tx broker.Tx) error {
+	err := r.b.Store.Update(r.ctx, func(tx broker.Tx) error {
 		if err := broker.PutInstance(tx, &broker.InstanceRecord{ID: "spw-1", Provider: "cloud", State: broker.MachineReady}); err != nil {
 			return err
 		}

@@ -3,12 +3,10 @@ package slurmdoor
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,84 +15,21 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/adapters"
-	"github.com/spillway-dev/spillway/broker/burst"
-	"github.com/spillway-dev/spillway/broker/burstctl"
 	"github.com/spillway-dev/spillway/broker/clock"
 	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/fleet"
+	"github.com/spillway-dev/spillway/broker/fleet/fleettest"
 	"github.com/spillway-dev/spillway/broker/slurm"
-	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
 	"github.com/spillway-dev/spillway/providers"
 	"github.com/spillway-dev/spillway/providers/fake"
 )
 
 var t0 = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 
-// fakeBroker is fleet.Broker (and so the door's Broker) over a store in
-// memory, with no jobs or nodes: enough for the fleet and the door
-// without a server. Its Slurm hooks are the door's, as the server's are.
-type fakeBroker struct {
-	sync.Mutex
-	store broker.Store
-	door  *Door
-	// work counts the goroutines Go started and not yet returned.
-	work sync.WaitGroup
-	ids  int
-}
-
 var (
-	_ fleet.Broker = (*fakeBroker)(nil)
-	_ Broker       = (*fakeBroker)(nil)
+	_ fleet.Broker = (*fleettest.Broker)(nil)
+	_ Broker       = (*fleettest.Broker)(nil)
 )
-
-func (b *fakeBroker) MayDecide() bool                                 { return true }
-func (b *fakeBroker) Job(string) *broker.Job                          { return nil }
-func (b *fakeBroker) Waiting() []burstctl.Waiting                     { return nil }
-func (b *fakeBroker) OnPrem() (int, int)                              { return 0, 0 }
-func (b *fakeBroker) MachineJobs(string) ([]string, int)              { return nil, 0 }
-func (b *fakeBroker) OnMachine(string) ([]*broker.Job, []*broker.Job) { return nil, nil }
-func (b *fakeBroker) Node(string) (*broker.Node, bool)                { return nil, false }
-func (b *fakeBroker) HomeNodes() []burst.HomeNode                     { return nil }
-func (b *fakeBroker) WakeNode(string)                                 {}
-func (b *fakeBroker) OffersChanged()                                  {}
-func (b *fakeBroker) NoteReasons(map[string]broker.PendingReason)     {}
-func (b *fakeBroker) Kick()                                           {}
-func (b *fakeBroker) Park() func()                                    { return func() {} }
-func (b *fakeBroker) BrokerCA() string                                { return "" }
-func (b *fakeBroker) AgentRuntime(string) *jobrt.Config               { return &jobrt.Config{} }
-
-func (b *fakeBroker) SlurmBootstrap(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) error {
-	return b.door.Bootstrap(ctx, rec, prov)
-}
-
-func (b *fakeBroker) SlurmDown(ctx context.Context, node, reason string) {
-	b.door.Down(ctx, node, reason)
-}
-
-func (b *fakeBroker) NewRecordID(time.Time) string {
-	b.ids++
-	return fmt.Sprintf("spw-%d", b.ids)
-}
-
-func (b *fakeBroker) Commit(ctx context.Context, jobs []*broker.Job, dropNodes []string, tx func(broker.Tx) error) error {
-	if len(jobs) > 0 || len(dropNodes) > 0 {
-		return errors.New("the fake broker has no jobs or nodes")
-	}
-	return b.store.Update(ctx, func(t broker.Tx) error {
-		if tx == nil {
-			return nil
-		}
-		return tx(t)
-	})
-}
-
-func (b *fakeBroker) Go(fn func(ctx context.Context)) {
-	b.work.Add(1)
-	go func() {
-		defer b.work.Done()
-		fn(context.Background())
-	}()
-}
 
 // rig is a door over a fleet with one fake cloud and a slurm section
 // whose commands do not exist (every scontrol or squeue call fails, as on
@@ -103,7 +38,7 @@ func (b *fakeBroker) Go(fn func(ctx context.Context)) {
 type rig struct {
 	t     *testing.T
 	ctx   context.Context
-	b     *fakeBroker
+	b     *fleettest.Broker
 	clock *clock.Fake
 	f     *fleet.Fleet
 	d     *Door
@@ -130,18 +65,18 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, ctx: context.Background(), clock: clock.NewFake(t0), b: &fakeBroker{store: broker.NewMemStore()}}
+	r := &rig{t: t, ctx: context.Background(), clock: clock.NewFake(t0), b: fleettest.New()}
 	cloud := fake.New("cloud", []providers.Offer{{Region: "r1", InstanceType: "small", GPUModel: "H100", GPUs: 1, Available: true}}, nil)
 	log := slog.New(slog.DiscardHandler)
-	r.f = fleet.New(fleet.Options{Broker: r.b, Store: r.b.store, Clock: r.clock, Logger: log, Providers: []providers.Provider{cloud},
+	r.f = fleet.New(fleet.Options{Broker: r.b, Store: r.b.Store, Clock: r.clock, Logger: log, Providers: []providers.Provider{cloud},
 		Config: func() *config.Config { return cfg }, Adapters: func() *adapters.Config { return ad }})
 	if err := r.f.Init(r.ctx); err != nil {
 		t.Fatal(err)
 	}
 	r.d = New(Options{Broker: r.b, Fleet: r.f, Clock: r.clock, Logger: log, Config: func() *config.Config { return cfg },
 		Adapters: func() *adapters.Config { return ad }, BurstLead: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "lead"}, []string{"provider"})})
-	r.b.door = r.d
-	t.Cleanup(r.b.work.Wait)
+	r.b.OnSlurmBootstrap, r.b.OnSlurmDown = r.d.Bootstrap, r.d.Down
+	t.Cleanup(r.b.Wait)
 	return r
 }
 
@@ -279,7 +214,7 @@ func TestMergeJobs(t *testing.T) {
 		t.Fatalf("burst-2 jobs changed: %+v", r2.SlurmJobs)
 	}
 	// The record is written: the store has the merged jobs.
-	err := r.b.store.View(r.ctx, func(tx broker.Tx) error {
+	err := r.b.Store.View(r.ctx, func(tx broker.Tx) error {
 		recs, err := broker.ListInstances(tx)
 		for _, rec := range recs {
 			if rec.ID == "spw-1" && len(rec.SlurmJobs) != 2 {
