@@ -148,7 +148,8 @@ func (s *Server) sync(c echo.Context) error {
 		s.mu.Unlock()
 		return err
 	}
-	if !call.done {
+	recordedHere := !call.done
+	if recordedHere {
 		region := trace.StartRegion(ctx, "broker.sync.record")
 		s.recordSyncsLocked(ctx, s.syncs.take())
 		region.End()
@@ -158,7 +159,16 @@ func (s *Server) sync(c echo.Context) error {
 		s.mu.Unlock()
 		return err
 	}
-	if len(resp.Start) == 0 && len(resp.Stop) == 0 && len(resp.Gang) == 0 && req.Wait > 0 {
+	noOrders := func() bool { return len(resp.Start) == 0 && len(resp.Stop) == 0 && len(resp.Gang) == 0 }
+	if noOrders() && req.Wait > 0 && !recordedHere {
+		// Another handler recorded this report in an earlier hold of the
+		// lock. A cycle may have given the node orders since, and its
+		// wake found nobody waiting: ask again before parking, or the
+		// orders would wait out the whole poll.
+		resp.Start, resp.Stop = s.ordersLocked(req.Node, reportedSet(&req))
+		resp.Gang = s.gangOrdersLocked(req.Node)
+	}
+	if noOrders() && req.Wait > 0 {
 		wait := s.nodeWaitLocked(req.Node)
 		s.mu.Unlock()
 		timer := time.NewTimer(min(req.Wait, time.Minute))

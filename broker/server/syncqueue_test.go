@@ -92,3 +92,52 @@ func TestReportsWaitingForTheLockShareOneCommit(t *testing.T) {
 		}
 	}
 }
+
+// A report recorded in another handler's batch, then a cycle that gives
+// its node a start before its own handler gets the lock: the handler
+// answers with the start at once. It used to park its long poll, since
+// the cycle's wake had found nobody waiting, and the agent sat idle with
+// orders for the whole poll (seen in make bench-e2e's trace as 2 s
+// stalls).
+func TestOrdersGivenAfterABatchedReportAreNotHeldBack(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("n1", 8)
+	j := h.submit(tokAlice, oneGPU)
+
+	h.srv.lock()
+	req := a.request()
+	req.Wait = 10 * time.Minute // the broker holds a poll at most a minute
+	got := make(chan agentapi.SyncResponse, 1)
+	go func() {
+		var resp agentapi.SyncResponse
+		h.do("POST", agentapi.PathSync, tokAgent, req, &resp)
+		got <- resp
+	}()
+	for queued := 0; queued < 1; runtime.Gosched() { // the report waits for the lock
+		h.srv.syncs.mu.Lock()
+		queued = len(h.srv.syncs.calls)
+		h.srv.syncs.mu.Unlock()
+	}
+	// Another handler records it: nothing to start yet.
+	h.srv.recordSyncsLocked(context.Background(), h.srv.syncs.take())
+	// Then a cycle places the job on n1, while that handler still waits
+	// for the lock.
+	now := h.clock.Now()
+	sc, err := h.srv.schedulingLocked(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := sc.core.Schedule(h.srv.snapshotLocked(now))
+	if err := h.srv.applyLocked(context.Background(), now, plan); err != nil {
+		t.Fatal(err)
+	}
+	h.srv.mu.Unlock()
+	select {
+	case resp := <-got:
+		if len(resp.Start) != 1 || resp.Start[0].Job != j.ID {
+			t.Fatalf("answer starts %+v, want %s", resp.Start, j.ID)
+		}
+	case <-time.After(30 * time.Second): // a guard against the minute-long poll, not an ordering
+		t.Fatal("the start waited out the long poll")
+	}
+}

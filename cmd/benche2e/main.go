@@ -18,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -70,6 +71,7 @@ type options struct {
 	schedInterval time.Duration
 	teamQuota     int
 	jobsOut       string
+	historyOut    string
 	agentBin      string
 	agentProfile  string
 }
@@ -92,6 +94,7 @@ func run(args []string, out io.Writer) error {
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
+	fs.StringVar(&o.historyOut, "history", "", "write each job's history here, one JSON line per job (id, nodes, transitions with their reasons): who preempted whom, where each attempt ran")
 	fs.StringVar(&o.agentBin, "agent-bin", "", "run each agent as its own process of this spillway binary (`spillway agent`), as on separate nodes; default: agents inside this process")
 	fs.StringVar(&o.agentProfile, "agent-profile", "", "with -agent-bin: write each agent's CPU profile and runtime trace into this directory (NAME.cpu, NAME.trace)")
 	fs.DurationVar(&o.schedInterval, "interval", 500*time.Millisecond, "the broker's scheduling interval (cycles also run on every submit and end)")
@@ -121,6 +124,11 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	res.print(out, o, items)
+	if o.historyOut != "" {
+		if err := res.writeHistory(o.historyOut); err != nil {
+			return err
+		}
+	}
 	if o.jobsOut != "" {
 		return res.writeCSV(o.jobsOut)
 	}
@@ -611,6 +619,38 @@ func (r *result) writeCSV(path string) error {
 		st := rel(&first)
 		fmt.Fprintf(f, "%s,%s,%s,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%d\n", it.ID, it.Priority, it.Team, it.GPUs, it.DurationS,
 			it.SubmitS, st, rel(j.EndedAt), st-it.SubmitS, j.State, j.Attempt)
+	}
+	return nil
+}
+
+// writeHistory writes one JSON line per job: its workload id, the nodes of
+// its last attempt and its transitions, times in seconds from the
+// replay's start.
+func (r *result) writeHistory(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	type step struct {
+		At     float64 `json:"at"`
+		To     string  `json:"to"`
+		Reason string  `json:"reason"`
+		Detail string  `json:"detail,omitempty"`
+	}
+	enc := json.NewEncoder(f)
+	for i, j := range r.jobs {
+		line := struct {
+			ID    string   `json:"id"`
+			Nodes []string `json:"nodes"`
+			Steps []step   `json:"steps"`
+		}{ID: r.items[i].ID, Nodes: j.Nodes()}
+		for _, t := range j.History {
+			line.Steps = append(line.Steps, step{At: t.At.Sub(r.t0).Seconds(), To: string(t.To), Reason: t.Reason, Detail: t.Detail})
+		}
+		if err := enc.Encode(line); err != nil {
+			return err
+		}
 	}
 	return nil
 }
