@@ -70,6 +70,7 @@ type options struct {
 	verbose       bool
 	schedInterval time.Duration
 	teamQuota     int
+	highReserved  int
 	jobsOut       string
 	historyOut    string
 	agentBin      string
@@ -93,6 +94,7 @@ func run(args []string, out io.Writer) error {
 	fs.StringVar(&o.mutexProfile, "mutexprofile", "", "write the replay's mutex contention profile here, by the stack that held the lock (go tool pprof FILE)")
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
+	fs.IntVar(&o.highReserved, "high-reserved", 0, "put the workload's high-priority jobs in a queue \"high\" that holds this many GPUs (queues.reserved: other queues' jobs use them only when preemptible); 0: every job in the default queue")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
 	fs.StringVar(&o.historyOut, "history", "", "write each job's history here, one JSON line per job (id, nodes, transitions with their reasons): who preempted whom, where each attempt ran")
 	fs.StringVar(&o.agentBin, "agent-bin", "", "run each agent as its own process of this spillway binary (`spillway agent`), as on separate nodes; default: agents inside this process")
@@ -168,6 +170,9 @@ func startCluster(o options, teams []string) (*cluster, error) {
 		for _, t := range teams {
 			teamsYAML += fmt.Sprintf("  - {name: %q, quota: {gpus: %d}}\n", t, o.teamQuota)
 		}
+	}
+	if o.highReserved > 0 {
+		teamsYAML += fmt.Sprintf("queues:\n  - {name: default}\n  - {name: high, reserved: %d}\n", o.highReserved)
 	}
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 listen: 127.0.0.1:0
@@ -311,11 +316,21 @@ func specFor(it Item, o options) broker.Spec {
 	return broker.Spec{
 		Name:        it.ID,
 		Priority:    it.Priority,
+		Queue:       queueFor(it, o),
 		Preemptible: o.preemptLow && it.Priority == "low",
 		Resources:   broker.Resources{GPUs: it.GPUs},
 		Timeout:     broker.Duration(timeout),
 		Command:     cmd,
 	}
+}
+
+// queueFor is the queue of one workload item: "high" for high-priority
+// jobs with -high-reserved, else the default queue.
+func queueFor(it Item, o options) string {
+	if o.highReserved > 0 && it.Priority == "high" {
+		return "high"
+	}
+	return ""
 }
 
 // submitted is what the replay knows of one job once the broker took it.
