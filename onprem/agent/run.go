@@ -76,13 +76,22 @@ func (r *run) report() agentapi.JobReport {
 	defer r.mu.Unlock()
 	rep := agentapi.JobReport{JobRef: r.a.JobRef, State: r.state, StartedAt: r.started, ExitCode: r.exitCode,
 		Signal: r.signal, Reason: r.reason, Message: r.message, LogSize: r.log.Size(), Progress: r.progress}
+	if r.state != agentapi.RunRunning && !r.isDone() {
+		// Exited, but its cards are still being checked for leftover
+		// processes (afterExit): the end goes out once they are clean.
+		// Reported earlier, the broker gave a card to the next job while
+		// this cleanup could still take that job's process for a leftover
+		// and kill it.
+		rep.State = agentapi.RunRunning
+		rep.ExitCode, rep.Signal, rep.Reason, rep.Message = 0, "", "", ""
+	}
 	if r.data != nil {
 		rep.Data = r.data.reportLocked()
 	}
 	if r.gate != nil {
 		rep.Preflight = r.gate.report()
 	}
-	if r.state != agentapi.RunRunning {
+	if rep.State != agentapi.RunRunning {
 		rep.EndedAt = r.ended
 	}
 	return rep
