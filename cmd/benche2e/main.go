@@ -71,6 +71,8 @@ type options struct {
 	schedInterval time.Duration
 	teamQuota     int
 	highReserved  int
+	regions       bool
+	longRegion    time.Duration
 	jobsOut       string
 	historyOut    string
 	agentBin      string
@@ -95,6 +97,8 @@ func run(args []string, out io.Writer) error {
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.IntVar(&o.highReserved, "high-reserved", 0, "put the workload's high-priority jobs in a queue \"high\" that holds this many GPUs (queues.reserved: other queues' jobs use them only when preemptible); 0: every job in the default queue")
+	fs.BoolVar(&o.regions, "regions", false, "after the replay, summarise the user regions of the traces written by -trace and -agent-profile: count, p50, p90, max and total per region, and every occurrence over -long")
+	fs.DurationVar(&o.longRegion, "long", 500*time.Millisecond, "with -regions: list every region occurrence at least this long, with when it began")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
 	fs.StringVar(&o.historyOut, "history", "", "write each job's history here, one JSON line per job (id, nodes, transitions with their reasons): who preempted whom, where each attempt ran")
 	fs.StringVar(&o.agentBin, "agent-bin", "", "run each agent as its own process of this spillway binary (`spillway agent`), as on separate nodes; default: agents inside this process")
@@ -126,6 +130,11 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	res.print(out, o, items)
+	if o.regions {
+		if err := printRegions(out, o); err != nil {
+			return err
+		}
+	}
 	if o.historyOut != "" {
 		if err := res.writeHistory(o.historyOut); err != nil {
 			return err
