@@ -235,3 +235,49 @@ func TestGangBurstMemberRefused(t *testing.T) {
 		t.Fatalf("the members did not meet; log:\n%s", out)
 	}
 }
+
+// TestGangBurstEveryMemberRefused: the fake EC2 has no g6.12xlarge at
+// all, so every member of the gang's first group is refused after its
+// cluster placement group was made. The gang runs on the next offer, and
+// once everything has ended no placement group is left: the one of the
+// group given up with no machine included (it used to stay, and AWS
+// allows 500 per account).
+func TestGangBurstEveryMemberRefused(t *testing.T) {
+	fakecloudtest.RequireSSHD(t)
+	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
+	ec2.SetCapacity("g6.12xlarge", 0)
+	c := gangBurstCluster(t, ec2)
+	j := submitWhenOffered(t, c, gangSpec("all-refused", "/usr/bin/python3", "-c", rendezvous))
+	c.waitJob(j.ID, 240*time.Second, "succeeded", func(s string) bool { return s == "succeeded" })
+	insts := waitAllEnded(t, c, 60*time.Second)
+	groups := groupsOf(insts)
+	if len(groups) != 2 {
+		t.Fatalf("want two groups (one given up, one that ran): %+v", insts)
+	}
+	for g, ms := range groups {
+		if ms[0].Offer.InstanceType == "g6.12xlarge" {
+			for _, m := range ms {
+				if m.ProviderID != "" {
+					t.Fatalf("group %s: member %s was created on an offer with no capacity", g, m.ID)
+				}
+			}
+		}
+	}
+	checkNoLeak(t, c, ec2)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var left []string
+		for _, name := range ec2.PlacementGroups() {
+			if strings.HasPrefix(name, "spillway-") {
+				left = append(left, name)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) { // a guard against a hang, not a timing
+			t.Fatalf("placement groups left after every machine ended: %v", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

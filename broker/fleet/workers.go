@@ -120,6 +120,7 @@ func (f *Fleet) stepCreate(ctx context.Context, rec *broker.InstanceRecord, prov
 					r.Deletes++
 					return nil, nil
 				})
+				f.dropPlacement(ctx, rec, prov)
 				return errAbandoned
 			}
 			return err
@@ -136,6 +137,9 @@ func (f *Fleet) stepCreate(ctx context.Context, rec *broker.InstanceRecord, prov
 				return &StepError{"create", err}
 			}
 			f.log.Info("burst offer unavailable for a gang member; the group moves on", "record", rec.ID, "group", rec.Group, "err", cause, "next", ok)
+			// The group given up may have made its placement group and no
+			// machine: nothing else would delete it.
+			f.dropPlacement(ctx, rec, prov)
 			return errAbandoned
 		case providers.IsNextOffer(err):
 			f.noteCapacityError(rec.Offer, err)
@@ -328,7 +332,11 @@ func (f *Fleet) failLaunch(ctx context.Context, id string, cause error) {
 		f.st.SlurmDown(ctx, rec.SlurmNode, "spillway: "+cause.Error())
 	}
 	if rec.State == broker.MachineTerminating {
-		f.TerminateWorker(ctx, id)
+		f.TerminateWorker(ctx, id) // deletes the placement group after the machine
+		return
+	}
+	if _, prov := f.Record(id); prov != nil {
+		f.dropPlacement(ctx, rec, prov)
 	}
 }
 
@@ -391,8 +399,11 @@ func (f *Fleet) TerminateWorker(ctx context.Context, id string) {
 	f.dropPlacement(ctx, rec, prov)
 }
 
-// dropPlacement deletes a gang group's placement group once the last of
-// its machines is gone.
+// dropPlacement deletes a gang group's placement group once every one of
+// its records has ended: after the last machine is deleted, and when the
+// group is given up or fails with no machine made. The provider refuses
+// while a deleted machine is still shutting down (EC2: InUse), so it
+// retries for a few minutes.
 func (f *Fleet) dropPlacement(ctx context.Context, rec *broker.InstanceRecord, prov providers.Provider) {
 	pl, ok := prov.(providers.Placer)
 	if rec.Group == "" || !ok {
@@ -406,10 +417,28 @@ func (f *Fleet) dropPlacement(ctx context.Context, rec *broker.InstanceRecord, p
 		}
 	}
 	f.st.Unlock()
-	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := pl.DeletePlacement(cctx, placementName(rec)); err != nil {
-		f.log.Warn("delete placement group", "group", rec.Group, "err", err)
+	backoff := time.Second
+	for attempt := 1; ; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := pl.DeletePlacement(cctx, placementName(rec))
+		cancel()
+		if err == nil {
+			return
+		}
+		if attempt == 8 || ctx.Err() != nil {
+			f.log.Warn("delete placement group; giving up", "group", rec.Group, "err", err)
+			return
+		}
+		f.log.Info("delete placement group; retrying", "group", rec.Group, "err", err, "in", backoff)
+		unpark := f.st.Park()
+		select {
+		case <-ctx.Done():
+			unpark()
+			return
+		case <-f.clock.After(backoff):
+		}
+		unpark()
+		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 
