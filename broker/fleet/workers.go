@@ -166,14 +166,9 @@ func (f *Fleet) stepCreate(ctx context.Context, rec *broker.InstanceRecord, prov
 			return &StepError{"create", err}
 		default:
 			f.log.Warn("burst create failed; retrying", "record", rec.ID, "err", err, "in", backoff)
-			unpark := f.st.Park()
-			select {
-			case <-ctx.Done():
-				unpark()
+			if !f.wait(ctx, backoff) {
 				return ctx.Err()
-			case <-f.clock.After(backoff):
 			}
-			unpark()
 			backoff = min(2*backoff, time.Minute)
 		}
 	}
@@ -382,14 +377,9 @@ func (f *Fleet) TerminateWorker(ctx context.Context, id string) {
 			// backoff later.
 			break
 		}
-		unpark := f.st.Park()
-		select {
-		case <-ctx.Done():
-			unpark()
+		if !f.wait(ctx, backoff) {
 			return
-		case <-f.clock.After(backoff):
 		}
-		unpark()
 		backoff = min(2*backoff, 30*time.Second)
 	}
 	if ctx.Err() != nil {
@@ -430,15 +420,23 @@ func (f *Fleet) dropPlacement(ctx context.Context, rec *broker.InstanceRecord, p
 			return
 		}
 		f.log.Info("delete placement group; retrying", "group", rec.Group, "err", err, "in", backoff)
-		unpark := f.st.Park()
-		select {
-		case <-ctx.Done():
-			unpark()
+		if !f.wait(ctx, backoff) {
 			return
-		case <-f.clock.After(backoff):
 		}
-		unpark()
 		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// wait sleeps d on the fleet's clock, parked (the broker's term counts
+// this goroutine as waiting outside it); false when ctx ended first.
+func (f *Fleet) wait(ctx context.Context, d time.Duration) bool {
+	unpark := f.st.Park()
+	defer unpark()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-f.clock.After(d):
+		return true
 	}
 }
 
