@@ -173,15 +173,16 @@ func startCluster(o options, teams []string) (*cluster, error) {
 		fmt.Fprintf(&tb, "    - {name: u%d, role: user, team: %q, token: %s}\n", i, t, c.tokens[t])
 	}
 	agentTok := token()
-	var teamsYAML string
+	// extraYAML is the teams (-team-quota) and queues (-high-reserved) sections.
+	var extraYAML string
 	if o.teamQuota > 0 {
-		teamsYAML = "teams:\n"
+		extraYAML = "teams:\n"
 		for _, t := range teams {
-			teamsYAML += fmt.Sprintf("  - {name: %q, quota: {gpus: %d}}\n", t, o.teamQuota)
+			extraYAML += fmt.Sprintf("  - {name: %q, quota: {gpus: %d}}\n", t, o.teamQuota)
 		}
 	}
 	if o.highReserved > 0 {
-		teamsYAML += fmt.Sprintf("queues:\n  - {name: default}\n  - {name: high, reserved: %d}\n", o.highReserved)
+		extraYAML += fmt.Sprintf("queues:\n  - {name: default}\n  - {name: high, reserved: %d}\n", o.highReserved)
 	}
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 listen: 127.0.0.1:0
@@ -198,7 +199,7 @@ auth:
   tokens:
 %s    - {name: admin, role: operator, token: %s}
     - {name: agents, role: agent, token: %s}
-%s`, dir, o.schedInterval, tb.String(), c.admin, agentTok, teamsYAML)))
+%s`, dir, o.schedInterval, tb.String(), c.admin, agentTok, extraYAML)))
 	if err != nil {
 		return nil, fmt.Errorf("bench config: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,10 +17,9 @@ import (
 // (trace.StartRegion): every occurrence's length by region type, and the
 // occurrences longer than a threshold, with when they began.
 type regionStats struct {
-	span  time.Duration
-	lens  map[string][]time.Duration
-	long  []longRegion
-	order []string
+	span time.Duration
+	lens map[string][]time.Duration
+	long []longRegion
 }
 
 type longRegion struct {
@@ -68,9 +68,6 @@ func readRegions(r io.Reader, long time.Duration) (*regionStats, error) {
 			began := s[len(s)-1]
 			open[k] = s[:len(s)-1]
 			d := time.Duration(ev.Time() - began)
-			if _, seen := st.lens[k.name]; !seen {
-				st.order = append(st.order, k.name)
-			}
 			st.lens[k.name] = append(st.lens[k.name], d)
 			if long > 0 && d >= long {
 				st.long = append(st.long, longRegion{k.name, time.Duration(began - first), d})
@@ -78,7 +75,6 @@ func readRegions(r io.Reader, long time.Duration) (*regionStats, error) {
 		}
 	}
 	st.span = time.Duration(last - first)
-	slices.Sort(st.order)
 	return st, nil
 }
 
@@ -86,7 +82,7 @@ func readRegions(r io.Reader, long time.Duration) (*regionStats, error) {
 // and the long occurrences.
 func (st *regionStats) print(w io.Writer, name string, long time.Duration) {
 	fmt.Fprintf(w, "regions of %s (%.2f s traced)\n", name, st.span.Seconds())
-	for _, n := range st.order {
+	for _, n := range slices.Sorted(maps.Keys(st.lens)) {
 		d := slices.Clone(st.lens[n])
 		slices.Sort(d)
 		var total time.Duration

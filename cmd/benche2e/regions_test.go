@@ -37,7 +37,7 @@ func TestReadRegions(t *testing.T) {
 	}
 	want := map[string]int{"agent.spawn": 3, "broker.cycle": 1, "broker.schedule": 1}
 	if len(st.lens) != len(want) {
-		t.Fatalf("region types %v, want %v", st.order, want)
+		t.Fatalf("region types %v, want %v", st.lens, want)
 	}
 	for name, n := range want {
 		if got := len(st.lens[name]); got != n {
