@@ -493,9 +493,6 @@ func (ag *Agent) apply(resp *agentapi.SyncResponse) {
 		region := trace.StartRegion(context.Background(), "agent.spawn")
 		r := ag.startRun(a)
 		region.End()
-		ag.mu.Lock()
-		ag.runs[a.JobRef] = r
-		ag.mu.Unlock()
 		if r.state == agentapi.RunFailedToStart {
 			ag.log.Warn("job failed to start", "job", a.Job, "attempt", a.Attempt, "err", r.message)
 			ag.wake()

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 	"github.com/spillway-dev/spillway/onprem/gpu"
 	"github.com/spillway-dev/spillway/onprem/gpu/sim"
+	jobrt "github.com/spillway-dev/spillway/onprem/runtime"
 )
 
 // fakeBroker speaks just enough of the agent protocol: it hands out the
@@ -137,8 +139,9 @@ func newRig(t *testing.T) *rig {
 	return newRigWith(t, nil)
 }
 
-// newRigWith is newRig with the agent's config changed by mod first.
-func newRigWith(t *testing.T, mod func(*Config)) *rig {
+// newRigWith is newRig with the agent's config changed by mod first, and
+// the agent by each of hooks before it runs.
+func newRigWith(t *testing.T, mod func(*Config), hooks ...func(*Agent)) *rig {
 	t.Helper()
 	fb := newFakeBroker()
 	srv := httptest.NewServer(fb)
@@ -154,6 +157,9 @@ func newRigWith(t *testing.T, mod func(*Config)) *rig {
 	ag, err := New(cfg, be, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		h(ag)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &rig{t: t, fb: fb, ag: ag, sim: be, cancel: cancel, done: make(chan struct{})}
@@ -249,6 +255,71 @@ func TestEndIsReportedAfterTheCleanup(t *testing.T) {
 	close(r.done)
 	if rep := r.report(); rep.State != agentapi.RunExited || !rep.EndedAt.Equal(ended) || rep.Signal != "SIGKILL" || rep.ExitCode != 137 {
 		t.Fatalf("after the cleanup: %+v, want exited at %s by SIGKILL", rep, ended)
+	}
+}
+
+// startHook is the node's runtime with started called once each attempt's
+// process exists, before the agent hears back from Start.
+type startHook struct {
+	jobrt.Runtime
+	started func(*jobrt.Job, jobrt.Proc)
+}
+
+func (h startHook) Start(ctx context.Context, j *jobrt.Job) (jobrt.Proc, *jobrt.Exit) {
+	p, e := h.Runtime.Start(ctx, j)
+	if e == nil {
+		h.started(j, p)
+	}
+	return p, e
+}
+
+// TestNewSharerIsNotANeighboursLeftover: a job sharing a card with one that
+// has just ended starts while the ended job's cleanup samples the card.
+// Its process is on the card from the moment the runtime creates it; the
+// cleanup must know it for a running job's, not the ended job's leftover.
+func TestNewSharerIsNotANeighboursLeftover(t *testing.T) {
+	type seen struct {
+		pid    int
+		strays map[int][]int
+		err    error
+	}
+	got := make(chan seen, 1)
+	r := newRigWith(t, nil, func(ag *Agent) {
+		ag.rt = startHook{Runtime: ag.rt, started: func(j *jobrt.Job, p jobrt.Proc) {
+			// The simulated cards may have listed the process before its
+			// exec, without CUDA_VISIBLE_DEVICES; wait until they show it
+			// on its card, as NVML would from the start.
+			held := func() bool {
+				smp, err := ag.backend.Sample()
+				return err == nil && slices.ContainsFunc(gpu.Holders(smp, j.GPUs), func(h gpu.Process) bool { return h.PID == p.PGID() })
+			}
+			for deadline := time.Now().Add(10 * time.Second); !held(); {
+				if time.Now().After(deadline) {
+					got <- seen{pid: p.PGID(), err: fmt.Errorf("pid %d never showed on its card", p.PGID())}
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			ended := &run{a: agentapi.Assignment{JobRef: agentapi.JobRef{Job: "ended", Attempt: 1}, UUIDs: j.GPUs},
+				state: agentapi.RunExited, done: make(chan struct{})}
+			s, err := ag.strays(ended)
+			got <- seen{pid: p.PGID(), strays: s, err: err}
+		}}
+	})
+	r.assign("fresh", 1, time.Minute, "sleep", "300")
+	var s seen
+	select {
+	case s = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not start")
+	}
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	for idx, pids := range s.strays {
+		if slices.Contains(pids, s.pid) {
+			t.Fatalf("the ended job's cleanup takes the new job's pid %d on card %d for its leftover", s.pid, idx)
+		}
 	}
 }
 

@@ -164,16 +164,23 @@ func jobEnv(a agentapi.Assignment, mps, inherit bool) []string {
 	return env
 }
 
-// startRun starts an attempt through the node's runtime, with its output
-// in a capped log file the agent alone can read. An attempt that cannot
-// start yields a run already in state failed_to_start. The oci runtime may
-// have to pull the image first: that happens in the background, and the
-// run reports the pull's progress until the container starts.
+// startRun enters an attempt in ag.runs and starts it through the node's
+// runtime, with its output in a capped log file the agent alone can read.
+// An attempt that cannot start yields a run already in state
+// failed_to_start. The oci runtime may have to pull the image first: that
+// happens in the background, and the run reports the pull's progress until
+// the container starts.
 func (ag *Agent) startRun(a agentapi.Assignment) *run {
 	now := ag.now()
 	id := attemptID(a.JobRef)
 	r := &run{a: a, started: now, state: agentapi.RunRunning, done: make(chan struct{}),
 		logPath: filepath.Join(ag.cfg.DataDir, "logs", id+".log")}
+	// The run is known before its process exists: a neighbour's cleanup on
+	// a shared card (afterExit) spares only the processes of runs it knows,
+	// and would otherwise kill this one as a leftover.
+	ag.mu.Lock()
+	ag.runs[a.JobRef] = r
+	ag.mu.Unlock()
 	fail := func(e *runtime.Exit) *run {
 		r.state, r.ended, r.exitCode, r.reason, r.message = agentapi.RunFailedToStart, ag.now(), e.Code, e.Reason, e.Message
 		if r.log == nil {
