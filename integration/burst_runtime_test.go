@@ -26,32 +26,11 @@ func TestBurstRunImageWithWorkdir(t *testing.T) {
 	img := ocitest.Busybox(t, conf)
 	ec2 := fakecloudtest.NewEC2(t, fakecloud.EC2Options{SSHD: true, BootTime: 200 * time.Millisecond})
 	remote := burstHostDir(t)
-	c := newCluster(t, fmt.Sprintf(`burst:
-  interval: 300ms
-  minWait: 1s
-  idleTTL: 30s
-  reconcileEvery: 2s
-  agentGPUs: sim
-  remoteDir: %s/opt
-  agentDataDir: %s/data
-  providerRuntimes:
-    aws-fake: {kind: oci, podman: {containersConf: %s}}
-providers:
-  - aws:
-      name: aws-fake
-      region: us-east-1
-      endpoint: %s
-      imageId: ami-0gpu
-      sshUser: root
-      sshPort: %d
-      instanceTypes:
-        - {name: g6.xlarge, gpuModel: L4, gpus: 1, gpuMemoryGiB: 24, cpus: 4, memoryGiB: 16, onDemandPrice: "0.805"}
-`, remote, remote, conf, ec2.URL, ec2.SSHPort()))
+	// The machine stays while the test reads its agent config.
+	c := burstCluster(t, ec2, remote, withIdleTTL("30s"),
+		withBurst(fmt.Sprintf("providerRuntimes: {aws-fake: {kind: oci, podman: {containersConf: %q}}}", conf)))
 	c.agent("onprem-1", "sim:1xH100-80GB")
 	c.waitNodes(1)
-	if _, _, code := c.cli(tokAdmin, "budget", "set", "--global", "100"); code != 0 {
-		t.Fatal("budget set failed")
-	}
 	c.holdCard(tokAlice, "hold")
 
 	out, errOut, code := c.cliIn(codeDir(t), tokAlice, "run", "--image", img, "--gpus", "1", "--time", "5m", "--wait", "--",

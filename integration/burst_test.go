@@ -45,6 +45,8 @@ type burstConfig struct {
 	remote string
 	// rate is the on-prem H100 price per GPU-hour.
 	rate string
+	// idleTTL is how long an idle burst machine is kept.
+	idleTTL string
 	// types are the provider's instance types, one flow mapping each.
 	types []string
 	// dirs is appended to remoteDir and agentDataDir: "/{machine}" gives
@@ -81,6 +83,11 @@ func withOnPremRate(rate string) burstOption {
 	return func(b *burstConfig) { b.rate = rate }
 }
 
+// withIdleTTL keeps idle burst machines for ttl (a duration) instead of 4s.
+func withIdleTTL(ttl string) burstOption {
+	return func(b *burstConfig) { b.idleTTL = ttl }
+}
+
 // withBurst adds lines ("key: value") under burst:.
 func withBurst(lines ...string) burstOption {
 	return func(b *burstConfig) { b.burst = append(b.burst, lines...) }
@@ -107,12 +114,12 @@ func (b *burstConfig) String() string {
 burst:
   interval: 300ms
   minWait: 2s
-  idleTTL: 4s
+  idleTTL: %s
   reconcileEvery: 2s
   agentGPUs: sim
   remoteDir: %s/opt%s
   agentDataDir: %s/data%s
-`, b.rate, b.remote, b.dirs, b.remote, b.dirs)
+`, b.rate, b.idleTTL, b.remote, b.dirs, b.remote, b.dirs)
 	for _, l := range b.burst {
 		s.WriteString("  " + l + "\n")
 	}
@@ -141,7 +148,7 @@ burst:
 // global budget of 100.
 func burstCluster(t *testing.T, ec2 *fakecloud.EC2, remote string, opts ...burstOption) *cluster {
 	t.Helper()
-	b := &burstConfig{ec2: ec2, remote: remote, rate: "2.00", types: []string{g6xlarge}}
+	b := &burstConfig{ec2: ec2, remote: remote, rate: "2.00", idleTTL: "4s", types: []string{g6xlarge}}
 	for _, o := range opts {
 		o(b)
 	}
