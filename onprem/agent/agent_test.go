@@ -236,15 +236,12 @@ func TestFailedToStart(t *testing.T) {
 	}
 }
 
-// TestLeakedGrandchildIsKilled: the job forks a grandchild that leaves the
-// job's process group (setsid) and keeps the card; when the job exits the
-// agent finds it through the GPU backend and kills it, and the card comes
-// back clean.
-// An attempt that exited is reported running until its cards have been
-// checked for leftovers (done closed), then exited with its end time.
-// Reported at the exit, the broker gave a card to the next job while this
-// cleanup could still kill that job's process as a leftover: zero-length
-// jobs died "killed by SIGKILL" in make bench-e2e under load.
+// TestEndIsReportedAfterTheCleanup: an attempt that exited is reported
+// running until its cards have been checked for leftovers (done closed),
+// then exited with its end time. Reported at the exit, the broker gave a
+// card to the next job while this cleanup could still kill that job's
+// process as a leftover: zero-length jobs died "killed by SIGKILL" in
+// make bench-e2e under load.
 func TestEndIsReportedAfterTheCleanup(t *testing.T) {
 	ended := time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)
 	r := &run{a: agentapi.Assignment{JobRef: agentapi.JobRef{Job: "j1", Attempt: 1}}, log: &cappedFile{},
@@ -323,6 +320,10 @@ func TestNewSharerIsNotANeighboursLeftover(t *testing.T) {
 	}
 }
 
+// TestLeakedGrandchildIsKilled: the job forks a grandchild that leaves the
+// job's process group (setsid) and keeps the card; when the job exits the
+// agent finds it through the GPU backend and kills it, and the card comes
+// back clean.
 func TestLeakedGrandchildIsKilled(t *testing.T) {
 	r := newRig(t)
 	pidFile := filepath.Join(sharedDir(t), "grandchild.pid")
