@@ -163,13 +163,9 @@ func TestGangBurstsToFakeEC2(t *testing.T) {
 		}
 	}
 	checkNoLeak(t, c, ec2)
-	deadline := time.Now().Add(20 * time.Second)
-	for slices.Contains(ec2.PlacementGroups(), pg) && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
-	if slices.Contains(ec2.PlacementGroups(), pg) {
-		t.Errorf("placement group %s left after its machines ended", pg)
-	}
+	waitFor(t, 20*time.Second, "placement group "+pg+" is deleted after its machines ended", func() bool {
+		return !slices.Contains(ec2.PlacementGroups(), pg)
+	})
 }
 
 // TestGangBurstMemberRefused: the fake EC2 has no capacity for the gang's
@@ -264,20 +260,7 @@ func TestGangBurstEveryMemberRefused(t *testing.T) {
 		}
 	}
 	checkNoLeak(t, c, ec2)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var left []string
-		for _, name := range ec2.PlacementGroups() {
-			if strings.HasPrefix(name, "spillway-") {
-				left = append(left, name)
-			}
-		}
-		if len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) { // a guard against a hang, not a timing
-			t.Fatalf("placement groups left after every machine ended: %v", left)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitFor(t, 60*time.Second, "no placement group is left after every machine ended", func() bool {
+		return !slices.ContainsFunc(ec2.PlacementGroups(), func(name string) bool { return strings.HasPrefix(name, "spillway-") })
+	})
 }
