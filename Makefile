@@ -81,6 +81,16 @@ bench-e2e: build ## replay deploy/bench workloads through the API against simula
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
 	set -o pipefail; for pl in false true; do \
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/mixed.txt
+# The mixed workload on a Slurm of its own, for the side-by-side figures of
+# docs/benchmarks.md: benche2e -system slurm runs munged, slurmctld and
+# 4 slurmd × 8 GPUs in a temp dir (as root; Debian's slurmctld, slurmd,
+# slurm-client and munge).
+.PHONY: bench-slurm
+bench-slurm: ## the mixed workload of bench-e2e on a real Slurm on this machine, both ways (docs/benchmarks.md)
+	@mkdir -p $(E2E_OUT)
+	$(GO) build -o $(E2E_OUT)/benche2e ./cmd/benche2e
+	set -o pipefail; for pl in false true; do \
+		$(E2E_OUT)/benche2e -system slurm -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/slurm-mixed.txt
 # Releases (docs/operations.md, "Install from a package"). goreleaser
 # (.goreleaser.yaml) when it is on PATH or in the tool cache (`make
 # goreleaser` builds it there once, 10-20 minutes); else the same archives

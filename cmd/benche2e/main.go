@@ -57,6 +57,7 @@ func main() {
 }
 
 type options struct {
+	system        string
 	workload      string
 	mode          string
 	agents        int
@@ -85,6 +86,7 @@ func run(args []string, out io.Writer) error {
 	var gen string
 	fs.StringVar(&gen, "gen", "", "write a standard workload to stdout instead: zero (2,000 zero-length 1-GPU jobs at t=0) or mixed (500 jobs, Poisson 5/s)")
 	fs.StringVar(&o.workload, "workload", "", "JSON-lines workload file")
+	fs.StringVar(&o.system, "system", "spillway", "what replays it: spillway (a broker and its agents), or slurm (slurmctld and one slurmd per agent with -gpus GPUs each, started in a temp dir; needs root, Debian's slurmctld, slurmd, slurm-client and munge)")
 	fs.StringVar(&o.mode, "mode", "sequential", "sequential | parallel | array")
 	fs.IntVar(&o.agents, "agents", 4, "simulated agents")
 	fs.IntVar(&o.gpusPerAgent, "gpus", 8, "simulated GPUs per agent")
@@ -125,7 +127,18 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res, err := replay(o, items)
+	var res *result
+	switch o.system {
+	case "spillway":
+		res, err = replay(o, items)
+	case "slurm":
+		if err := o.slurmOnly(); err != nil {
+			return err
+		}
+		res, err = replaySlurm(o, items)
+	default:
+		return fmt.Errorf("-system must be spillway or slurm, got %q", o.system)
+	}
 	if err != nil {
 		return err
 	}
@@ -352,13 +365,36 @@ type submitted struct {
 // result is the finished replay.
 type result struct {
 	t0       time.Time
-	jobs     []*broker.Job
-	items    []Item  // items[i] is what jobs[i] replays
-	submitS  float64 // first submit call to last submit answer
+	out      []outcome     // one per submitted job
+	jobs     []*broker.Job // out[i]'s broker record (Spillway only)
+	submitS  float64       // first submit call to last submit answer
 	firstSub time.Time
 	calls    int
 	rtts     []float64 // each single submit's round trip, seconds
-	cpuS     float64   // this process's CPU (broker, submitters) over the replay
+	cpuS     float64   // CPU over the replay: this process (broker, submitters), or Slurm's daemons
+	cpuWhat  string    // whose CPU cpuS is
+}
+
+// outcome is what a replay measured of one job, whichever system ran it.
+type outcome struct {
+	item     Item
+	started  bool
+	first    time.Time // its first attempt's start (the wait ends here)
+	last     time.Time // its last attempt's start
+	end      time.Time
+	runS     float64 // seconds its processes ran, over all attempts
+	attempts int
+	state    string
+	ok       bool // it ran to the end and exited 0
+}
+
+// outcomeOf is a broker job's outcome.
+func outcomeOf(it Item, j *broker.Job) outcome {
+	o := outcome{item: it, attempts: j.Attempt, state: string(j.State), ok: j.State == broker.StateSucceeded, runS: runSeconds(j)}
+	if j.StartedAt != nil && j.EndedAt != nil {
+		o.started, o.first, o.last, o.end = true, firstStart(j), *j.StartedAt, *j.EndedAt
+	}
+	return o
 }
 
 func replay(o options, items []Item) (*result, error) {
@@ -441,43 +477,10 @@ func replay(o options, items []Item) (*result, error) {
 	cpu0 := processCPU()
 	t0 := time.Now()
 	res.t0 = t0
-	at := func(it Item) {
-		if d := time.Until(t0.Add(time.Duration(it.SubmitS * float64(time.Second)))); d > 0 {
-			time.Sleep(d)
-		}
-	}
-	switch o.mode {
-	case "sequential":
-		for _, it := range items {
-			at(it)
-			submitOne(it)
-		}
-	case "parallel":
-		ch := make(chan Item)
-		var wg sync.WaitGroup
-		for range o.submitters {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for it := range ch {
-					submitOne(it)
-				}
-			}()
-		}
-		for _, it := range items {
-			at(it)
-			ch <- it
-		}
-		close(ch)
-		wg.Wait()
-	case "array":
-		for _, g := range arrayGroups(items) {
-			at(g[0])
-			s, err := submitArray(ctx, clients[g[0].Team], g, o)
-			record(s, err)
-			res.calls++
-		}
-	}
+	res.calls = submitWorkload(o, items, t0, func(i int) { submitOne(items[i]) }, func(_ int, g []Item) {
+		s, err := submitArray(ctx, clients[g[0].Team], g, o)
+		record(s, err)
+	})
 	res.submitS = time.Since(t0).Seconds()
 	if firstErr != nil {
 		return nil, firstErr
@@ -498,12 +501,13 @@ func replay(o options, items []Item) (*result, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	res.cpuS = processCPU() - cpu0
+	res.cpuWhat = "this process (broker and submitters)"
 	if o.traceFile != "" {
 		trace.Stop()
 	}
 	// Fetch every job with its history.
 	res.jobs = make([]*broker.Job, len(subs))
-	res.items = make([]Item, len(subs))
+	res.out = make([]outcome, len(subs))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
 	errs := make(chan error, len(subs))
@@ -523,7 +527,7 @@ func replay(o options, items []Item) (*result, error) {
 				return
 			}
 			res.jobs[i] = j
-			res.items[i] = s.item
+			res.out[i] = outcomeOf(s.item, j)
 		}()
 	}
 	wg.Wait()
@@ -532,6 +536,54 @@ func replay(o options, items []Item) (*result, error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// submitWorkload submits the items at their submit times (from t0) as
+// o.mode says: one by one in order (sequential), from o.submitters
+// goroutines taking them in order (parallel), or one call per array group
+// (array). one(i) submits items[i]; group(i, g) the group g, whose first
+// item is items[i]. It returns the number of array calls.
+func submitWorkload(o options, items []Item, t0 time.Time, one func(i int), group func(i int, g []Item)) int {
+	at := func(it Item) {
+		if d := time.Until(t0.Add(time.Duration(it.SubmitS * float64(time.Second)))); d > 0 {
+			time.Sleep(d)
+		}
+	}
+	calls := 0
+	switch o.mode {
+	case "sequential":
+		for i, it := range items {
+			at(it)
+			one(i)
+		}
+	case "parallel":
+		ch := make(chan int)
+		var wg sync.WaitGroup
+		for range o.submitters {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range ch {
+					one(i)
+				}
+			}()
+		}
+		for i, it := range items {
+			at(it)
+			ch <- i
+		}
+		close(ch)
+		wg.Wait()
+	case "array":
+		i := 0
+		for _, g := range arrayGroups(items) {
+			at(g[0])
+			group(i, g)
+			calls++
+			i += len(g)
+		}
+	}
+	return calls
 }
 
 // arrayGroups splits the workload into runs of jobs that one array submit
@@ -570,32 +622,32 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 	var all []float64
 	busy := 0.0
 	failed := 0
-	for i, j := range r.jobs {
-		it := r.items[i]
-		if j.State != broker.StateSucceeded {
+	for _, j := range r.out {
+		it := j.item
+		if !j.ok {
 			failed++
 		}
-		if j.StartedAt == nil || j.EndedAt == nil {
+		if !j.started || j.end.IsZero() {
 			continue
 		}
 		// The wait is from the workload's submit time to the first start
 		// of the process (a preempted job's later attempts do not count).
 		sub := r.t0.Add(time.Duration(it.SubmitS * float64(time.Second)))
-		wt := max(0, firstStart(j).Sub(sub).Seconds())
+		wt := max(0, j.first.Sub(sub).Seconds())
 		waits[it.Priority] = append(waits[it.Priority], wt)
 		all = append(all, wt)
-		if j.StartedAt.After(lastStart) {
-			lastStart = *j.StartedAt
+		if j.last.After(lastStart) {
+			lastStart = j.last
 		}
-		if j.EndedAt.After(lastEnd) {
-			lastEnd = *j.EndedAt
+		if j.end.After(lastEnd) {
+			lastEnd = j.end
 		}
-		busy += float64(j.TotalGPUs()) * runSeconds(j)
+		busy += float64(it.GPUs) * j.runS
 	}
 	makespan := lastEnd.Sub(r.t0).Seconds()
 	lb := lowerBound(items, gpus)
 	startSpan := lastStart.Sub(r.t0).Seconds()
-	fmt.Fprintf(w, "workload %s: %d jobs, mode %s", filepath.Base(o.workload), len(items), o.mode)
+	fmt.Fprintf(w, "%s, workload %s: %d jobs, mode %s", o.system, filepath.Base(o.workload), len(items), o.mode)
 	switch o.mode {
 	case "parallel":
 		fmt.Fprintf(w, " (%d submitters)", o.submitters)
@@ -616,7 +668,7 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  CPU, this process %.2f s (%.2f ms a job: broker and submitters; until every job ended)\n", r.cpuS, 1000*r.cpuS/float64(len(items)))
+	fmt.Fprintf(w, "  CPU, %s %.2f s (%.2f ms a job; until every job ended)\n", r.cpuWhat, r.cpuS, 1000*r.cpuS/float64(len(items)))
 	fmt.Fprintf(w, "  GPU utilisation  %.1f%% (GPU-seconds held by running processes / (%d GPUs × makespan))\n", 100*busy/(float64(gpus)*makespan), gpus)
 	if failed > 0 {
 		fmt.Fprintf(w, "  NOT SUCCEEDED    %d jobs\n", failed)
@@ -632,18 +684,17 @@ func (r *result) writeCSV(path string) error {
 	}
 	defer f.Close()
 	fmt.Fprintln(f, "id,priority,team,gpus,duration_s,submit_s,start_s,end_s,wait_s,state,attempts")
-	rel := func(t *time.Time) float64 {
-		if t == nil {
+	rel := func(t time.Time) float64 {
+		if t.IsZero() {
 			return -1
 		}
 		return t.Sub(r.t0).Seconds()
 	}
-	for i, j := range r.jobs {
-		it := r.items[i]
-		first := firstStart(j)
-		st := rel(&first)
+	for _, j := range r.out {
+		it := j.item
+		st := rel(j.first)
 		fmt.Fprintf(f, "%s,%s,%s,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%d\n", it.ID, it.Priority, it.Team, it.GPUs, it.DurationS,
-			it.SubmitS, st, rel(j.EndedAt), st-it.SubmitS, j.State, j.Attempt)
+			it.SubmitS, st, rel(j.end), st-it.SubmitS, j.state, j.attempts)
 	}
 	return nil
 }
@@ -669,7 +720,7 @@ func (r *result) writeHistory(path string) error {
 			ID    string   `json:"id"`
 			Nodes []string `json:"nodes"`
 			Steps []step   `json:"steps"`
-		}{ID: r.items[i].ID, Nodes: j.Nodes()}
+		}{ID: r.out[i].item.ID, Nodes: j.Nodes()}
 		for _, t := range j.History {
 			line.Steps = append(line.Steps, step{At: t.At.Sub(r.t0).Seconds(), To: string(t.To), Reason: t.Reason, Detail: t.Detail})
 		}
