@@ -62,14 +62,11 @@ def replay(jobs, rule, preempt):
         ends = [r[4] + declared(r[3]) for r in running if r[1] == n and hard(r)]
         return max(ends) if ends else None
 
-    def clearable(n):
-        return not any(r[1] == n and hard(r) for r in running)
-
     def place(j, t, ok):
         fit = [n for n in range(N) if free[n] >= j["gpus"] and ok(n)]
         if rule.startswith("keepnode") and preempt and j["priority"] == "medium":
             lim = float(rule.split("/")[1]) if "/" in rule else 0
-            cl = [n for n in range(N) if clearable(n)]
+            cl = [n for n in range(N) if horizon(n, t) is None]  # no hard work
             if len(cl) <= 1 and declared(j) > lim:
                 fit = [n for n in fit if n not in cl]
         if rule.startswith("head") and preempt and j["priority"] == "medium":
