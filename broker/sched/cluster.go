@@ -114,6 +114,9 @@ type node struct {
 	pLost   int64
 	pBatch  bool
 	pBucket int8 // lostBucket(pLost), the node's place in cycle.lostSets; -1 when none
+	// hardEnd is the latest expected end (unix ns) of the live work here
+	// that cannot be preempted, 0 when none (findHorizon).
+	hardEnd int64
 	// reserved nodes hold the head's reservation; extra is the number of
 	// cards they have beyond it at the reservation time.
 	reserved bool
@@ -423,17 +426,20 @@ func (c *cycle) refreshShared(i int32) {
 }
 
 // refreshPreempt keeps preemptSet equal to the ready nodes holding a
-// preemptible job that was not told to stop, and the node's summary of
-// what preemption could free there.
+// preemptible job that was not told to stop, the node's summary of what
+// preemption could free there, and its end of protected work.
 func (c *cycle) refreshPreempt(i int32) {
 	nd := &c.nodes[i]
-	nd.pCards, nd.pMin, nd.pLost, nd.pBatch = 0, 0, -1, false
+	nd.pCards, nd.pMin, nd.pLost, nd.pBatch, nd.hardEnd = 0, 0, -1, false, 0
 	var blocked, any uint64
 	if nd.ready {
 		for _, h := range nd.holders {
 			r := &c.running[h.job]
 			if r.stopping {
 				continue
+			}
+			if !r.preemptible {
+				nd.hardEnd = max(nd.hardEnd, r.end)
 			}
 			if !r.preemptible || r.fresh {
 				blocked |= h.mask

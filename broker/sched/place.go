@@ -41,10 +41,15 @@ func capacityOK(nd *node, p *pjob) bool {
 	return (nd.cpuCap == 0 || nd.cpuCap >= p.cpu) && (nd.memCap == 0 || nd.memCap >= p.mem)
 }
 
-// findSingle returns the best-fit ready node with at least g free cards:
+// findSingle returns the ready node with at least g free cards for a
+// single-node job, -1 when none. A preemptible job goes to the best fit:
 // the fewest free cards first, so whole nodes stay free for large jobs;
-// then the lowest index (name order). -1 when none.
+// then the lowest index (name order). A job that cannot be preempted goes
+// by the end of protected work (findHorizon).
 func (c *cycle) findSingle(p *pjob, g int, end int64) int32 {
+	if !p.preemptible {
+		return c.findHorizon(p, g, end)
+	}
 	cons := &c.cons[p.cons]
 	for k := g; k <= c.K; k++ {
 		best := int32(-1)
@@ -65,6 +70,50 @@ func (c *cycle) findSingle(p *pjob, g int, end int64) int32 {
 		}
 	}
 	return -1
+}
+
+// findHorizon places a job that cannot be preempted on the node whose end
+// of protected work (hardEnd: the latest declared end of the work there
+// that cannot be preempted) it pushes back least, then the fewest free
+// cards, then the lowest index. Nodes holding no such work come last: that
+// way protected work gathers on nodes that empty of it together, and a
+// large job finds a whole node it can have by preemption or by waiting
+// out one end rather than several. -1 when no node fits.
+func (c *cycle) findHorizon(p *pjob, g int, end int64) int32 {
+	const never = int64(1<<63 - 1)
+	cons := &c.cons[p.cons]
+	best, bestGrow := int32(-1), never
+	for k := g; k <= c.K; k++ {
+		bestK := int32(-1)
+		for _, sg := range cons.sgs {
+			if c.sgroups[sg].cnt[k] == 0 {
+				continue
+			}
+			b := c.sgroups[sg].bucket[k]
+			for i := b.next(0); i >= 0; i = b.next(i + 1) {
+				nd := &c.nodes[i]
+				grow := never
+				if nd.hardEnd > 0 {
+					grow = max(0, end-nd.hardEnd)
+				}
+				// A node seen at a lower k wins ties: it has fewer
+				// free cards. Within k the lowest index wins.
+				if grow > bestGrow || (grow == bestGrow && (best >= 0 && (bestK < 0 || i > bestK))) {
+					continue
+				}
+				if !c.accepts(i, p, g, end) {
+					continue
+				}
+				if grow < bestGrow || bestK < 0 || i < bestK {
+					best, bestGrow, bestK = i, grow, i
+				}
+			}
+		}
+		if bestGrow == 0 {
+			break
+		}
+	}
+	return best
 }
 
 // findShared looks for g shared cards with room for the job's memory on one

@@ -10,8 +10,9 @@
 //  2. Stop running jobs past their timeout.
 //  3. Order the pending jobs: starved jobs first (FIFO), then latency
 //     queues, then priority class, then the multifactor score.
-//  4. Walk the order. Each job either starts (best-fit placement, EASY
-//     backfill against the head's reservation), waits for cards already
+//  4. Walk the order. Each job either starts (placement by the end of
+//     protected work, or best fit for preemptible jobs; EASY backfill
+//     against the head's reservation), waits for cards already
 //     being released, preempts victims that lose the least work, becomes
 //     the head with a reservation, or stays pending with a reason.
 //  5. Report burst demand: every burst-eligible job left waiting.

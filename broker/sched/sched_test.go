@@ -93,6 +93,49 @@ func TestPlacement(t *testing.T) {
 			jobs:  []*JobWrapper{MakeJob("a").CPU(32)},
 			want:  outcome{Starts: map[string]string{"a": "n2:0"}},
 		},
+		// Work that cannot be preempted goes where it pushes the end of such
+		// work back least, so that nodes empty of it together.
+		"protected work joins the node whose protected work ends last": {
+			nodes: []*NodeWrapper{MakeNode("n1"), MakeNode("n2")},
+			jobs: []*JobWrapper{
+				MakeJob("short").GPUs(4).Timeout(time.Hour).Started(0).On("n1", 0, 1, 2, 3),
+				MakeJob("long").GPUs(2).Timeout(4*time.Hour).Started(0).On("n2", 0, 1),
+				MakeJob("a").Timeout(2 * time.Hour),
+			},
+			// Best fit would take n1 (4 free); n2 already holds work until
+			// 4 h, so a 2 h job there delays nothing.
+			want: outcome{Starts: map[string]string{"a": "n2:2"}},
+		},
+		"among nodes it would push back, protected work takes the least pushed": {
+			nodes: []*NodeWrapper{MakeNode("n1"), MakeNode("n2"), MakeNode("n3")},
+			jobs: []*JobWrapper{
+				MakeJob("r1").GPUs(6).Timeout(time.Hour).Started(0).On("n1", 0, 1, 2, 3, 4, 5),
+				MakeJob("r2").GPUs(2).Timeout(3*time.Hour).Started(0).On("n2", 0, 1),
+				MakeJob("a").Timeout(4 * time.Hour),
+			},
+			want: outcome{Starts: map[string]string{"a": "n2:2"}},
+		},
+		"protected work goes to an empty node last, and best fit among equals": {
+			nodes: []*NodeWrapper{MakeNode("n1"), MakeNode("n2"), MakeNode("n3")},
+			jobs: []*JobWrapper{
+				MakeJob("p").GPUs(6).Preemptible().Timeout(4*time.Hour).Started(0).On("n2", 0, 1, 2, 3, 4, 5),
+				MakeJob("r").GPUs(4).Timeout(time.Hour).Started(0).On("n3", 0, 1, 2, 3),
+				MakeJob("a").Timeout(2 * time.Hour).Waited(time.Hour),
+				MakeJob("b").GPUs(2).Timeout(2 * time.Hour),
+			},
+			// a: n3 pushes r's hour back by one; n1 and n2 hold no protected
+			// work. b: n3 now ends at 2 h, so b pushes nothing back there.
+			want: outcome{Starts: map[string]string{"a": "n3:4", "b": "n3:5,6"}},
+		},
+		"preemptible work keeps best fit": {
+			nodes: []*NodeWrapper{MakeNode("n1"), MakeNode("n2")},
+			jobs: []*JobWrapper{
+				MakeJob("short").GPUs(4).Timeout(time.Hour).Started(0).On("n1", 0, 1, 2, 3),
+				MakeJob("long").GPUs(2).Timeout(4*time.Hour).Started(0).On("n2", 0, 1),
+				MakeJob("a").Preemptible().Timeout(2 * time.Hour),
+			},
+			want: outcome{Starts: map[string]string{"a": "n1:4"}},
+		},
 	})
 }
 
