@@ -72,6 +72,7 @@ type options struct {
 	schedInterval time.Duration
 	teamQuota     int
 	highReserved  int
+	fifo          bool
 	regions       bool
 	longRegion    time.Duration
 	jobsOut       string
@@ -99,6 +100,7 @@ func run(args []string, out io.Writer) error {
 	fs.BoolVar(&o.verbose, "v", false, "log the broker and agents to stderr")
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.IntVar(&o.highReserved, "high-reserved", 0, "put the workload's high-priority jobs in a queue \"high\" that holds this many GPUs (queues.reserved: other queues' jobs use them only when preemptible); 0: every job in the default queue")
+	fs.BoolVar(&o.fifo, "fifo", false, "order each priority class by submit time (scheduler.weights: age 1000, fairShare 0, size 0), as the Slurm side's priority/basic does; default: the shipped weights, fair share and age")
 	fs.BoolVar(&o.regions, "regions", false, "after the replay, summarise the user regions of the traces written by -trace and -agent-profile: count, p50, p90, max and total per region, and every occurrence over -long")
 	fs.DurationVar(&o.longRegion, "long", 500*time.Millisecond, "with -regions: list every region occurrence at least this long, with when it began")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
@@ -194,6 +196,10 @@ func startCluster(o options, teams []string) (*cluster, error) {
 			extraYAML += fmt.Sprintf("  - {name: %q, quota: {gpus: %d}}\n", t, o.teamQuota)
 		}
 	}
+	weightsYAML := ""
+	if o.fifo {
+		weightsYAML = "  weights: {age: 1000, fairShare: 0, size: 0}"
+	}
 	if o.highReserved > 0 {
 		extraYAML += fmt.Sprintf("queues:\n  - {name: default}\n  - {name: high, reserved: %d}\n", o.highReserved)
 	}
@@ -203,6 +209,7 @@ dataDir: %s
 cluster: bench
 scheduler:
   interval: %s
+%s
 agents:
   heartbeatInterval: 2s
 # The replay is one team submitting as fast as it can: the flood limits
@@ -212,7 +219,7 @@ auth:
   tokens:
 %s    - {name: admin, role: operator, token: %s}
     - {name: agents, role: agent, token: %s}
-%s`, dir, o.schedInterval, tb.String(), c.admin, agentTok, extraYAML)))
+%s`, dir, o.schedInterval, weightsYAML, tb.String(), c.admin, agentTok, extraYAML)))
 	if err != nil {
 		return nil, fmt.Errorf("bench config: %w", err)
 	}
