@@ -169,6 +169,10 @@ type Scheduler struct {
 	// StarvationAge is the wait after which a job is promoted ahead of
 	// every job that has not waited as long (the starvation guard).
 	StarvationAge broker.Duration `json:"starvationAge,omitempty"`
+	// PreemptionLimit is how many times a job may be requeued (preempted
+	// or its node lost) before its attempts are protected from preemption;
+	// 0 is no limit.
+	PreemptionLimit int `json:"preemptionLimit,omitempty"`
 	// Weights of the multifactor score inside a priority class.
 	Weights Weights `json:"weights,omitempty"`
 	// MaxSharersPerGPU caps the jobs sharing one card.

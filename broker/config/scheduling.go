@@ -11,12 +11,13 @@ import (
 
 // Bounds on the scheduling fields.
 const (
-	maxGPUCount  = 1_000_000
-	maxWeight    = 1_000_000
-	maxShare     = 1_000_000
-	maxSharers   = 64
-	minDecayTime = time.Minute
-	maxDecayTime = 365 * 24 * time.Hour
+	maxGPUCount        = 1_000_000
+	maxWeight          = 1_000_000
+	maxShare           = 1_000_000
+	maxSharers         = 64
+	maxPreemptionLimit = 1000
+	minDecayTime       = time.Minute
+	maxDecayTime       = 365 * 24 * time.Hour
 )
 
 var labelKeyRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
@@ -50,6 +51,9 @@ func (c *Config) validateScheduling(add func(field, code, format string, args ..
 		if w.w < 0 || w.w > maxWeight {
 			add(w.field, broker.CodeOutOfRange, "must be between 0 and %d, got %d", maxWeight, w.w)
 		}
+	}
+	if sc.PreemptionLimit < 0 || sc.PreemptionLimit > maxPreemptionLimit {
+		add("scheduler.preemptionLimit", broker.CodeOutOfRange, "must be between 0 (no limit) and %d, got %d", maxPreemptionLimit, sc.PreemptionLimit)
 	}
 	if sc.MaxSharersPerGPU < 1 || sc.MaxSharersPerGPU > maxSharers {
 		add("scheduler.maxSharersPerGPU", broker.CodeOutOfRange, "must be between 1 and %d, got %d", maxSharers, sc.MaxSharersPerGPU)
@@ -111,6 +115,7 @@ func (c *Config) Policy() sched.Policy {
 		FairShareHalfLife: sc.FairShareHalfLife.D(),
 		MaxAge:            sc.MaxAge.D(),
 		StarvationAge:     sc.StarvationAge.D(),
+		PreemptionLimit:   sc.PreemptionLimit,
 		MaxSharersPerGPU:  sc.MaxSharersPerGPU,
 		GangLabel:         sc.GangLabel,
 	}

@@ -16,6 +16,7 @@ func TestSchedulingFieldsNamed(t *testing.T) {
 		"dataDir: x\nscheduler: {starvationAge: 400d}":                             "scheduler.starvationAge",
 		"dataDir: x\nscheduler: {weights: {size: -1}}":                             "scheduler.weights.size",
 		"dataDir: x\nscheduler: {maxSharersPerGPU: 65}":                            "scheduler.maxSharersPerGPU",
+		"dataDir: x\nscheduler: {preemptionLimit: -1}":                             "scheduler.preemptionLimit",
 		"dataDir: x\nscheduler: {gangLabel: 'bad label'}":                          "scheduler.gangLabel",
 		"dataDir: x\nqueues: [{name: default, reserved: -2}]":                      "queues[0].reserved",
 		"dataDir: x\nteams: [{name: nlp}, {name: nlp}]":                            "teams[1].name",
@@ -46,7 +47,7 @@ func TestPolicyFromConfig(t *testing.T) {
 		t.Errorf("default policy differs from sched.DefaultPolicy (-sched +config):\n%s", diff)
 	}
 	c, err = Parse([]byte(`dataDir: x
-scheduler: {starvationAge: 2h, weights: {age: 0}}
+scheduler: {starvationAge: 2h, weights: {age: 0}, preemptionLimit: 3}
 queues:
   - {name: default}
   - {name: inference, kind: latency, reserved: 4, sharing: true}
@@ -64,6 +65,7 @@ teams:
 	want := sched.DefaultPolicy()
 	want.StarvationAge = 2 * time.Hour
 	want.Weights.Age = 0
+	want.PreemptionLimit = 3
 	want.Queues = map[string]sched.QueuePolicy{"default": {Kind: sched.Batch}, "inference": {Kind: sched.Latency, Reserved: 4, Sharing: true}}
 	eight, zero := 8, 0
 	want.Teams = map[string]sched.TeamPolicy{

@@ -104,6 +104,7 @@ type derived struct {
 	tqp, proj, cons int32
 	shape           int32
 	preemptible     bool
+	requeues        int // attempts that ended other than by failure
 	g, n            int
 	gpuMem          int64
 	cpu             float64
@@ -205,6 +206,7 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 		proj:        -1,
 		cons:        c.jc.conss.id(&c.consMap, consName{res.GPUModel, int64(res.GPUMemory)}),
 		preemptible: j.Spec.Preemptible,
+		requeues:    j.Attempt - j.Retries,
 		g:           res.GPUs,
 		n:           max(1, res.Nodes),
 		gpuMem:      int64(res.GPUMemory),
@@ -259,7 +261,7 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		queue:       q,
 		class:       c.tqps[tq].class,
 		latency:     c.queues[q].kind == Latency,
-		preemptible: d.preemptible,
+		preemptible: d.preemptible && !c.pastPreemptionLimit(d.requeues),
 		g:           d.g,
 		n:           d.n,
 		cpu:         d.cpu,

@@ -63,6 +63,13 @@ func (w *JobWrapper) Timeout(d time.Duration) *JobWrapper {
 	return w
 }
 
+// Attempts sets the number of starts so far and, of them, the ones that
+// ended in a failure retry (call it after On, which sets one start).
+func (w *JobWrapper) Attempts(starts, retries int) *JobWrapper {
+	w.j.Attempt, w.j.Retries = starts, retries
+	return w
+}
+
 // Waited sets the submit time to d before t0.
 func (w *JobWrapper) Waited(d time.Duration) *JobWrapper {
 	w.j.SubmittedAt = t0.Add(-d)

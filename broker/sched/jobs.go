@@ -513,6 +513,12 @@ func (c *cycle) lookAtJobs() []jobLook {
 	return look
 }
 
+// pastPreemptionLimit reports whether a job requeued this many times has
+// reached Policy.PreemptionLimit: its attempts are protected from then on.
+func (c *cycle) pastPreemptionLimit(requeues int) bool {
+	return c.pol.PreemptionLimit > 0 && requeues >= c.pol.PreemptionLimit
+}
+
 func (c *cycle) addRunning(j *broker.Job) {
 	t := c.teamOf(j.Spec.Team)
 	q := c.queueOf(j.Spec.Queue)
@@ -523,7 +529,7 @@ func (c *cycle) addRunning(j *broker.Job) {
 		queue:       q,
 		class:       c.classOf(j.Spec.Priority),
 		latency:     c.queues[q].kind == Latency,
-		preemptible: j.Spec.Preemptible,
+		preemptible: j.Spec.Preemptible && !c.pastPreemptionLimit(j.Attempt-1-j.Retries),
 		stopping:    j.Stop != nil,
 		total:       j.TotalGPUs(),
 		grace:       int64(j.Spec.Checkpoint.Grace.D()),

@@ -103,6 +103,11 @@ type Policy struct {
 	// StarvationAge is the wait after which a job is ordered ahead of all
 	// jobs that have waited less (0 turns the guard off).
 	StarvationAge time.Duration
+	// PreemptionLimit is how many times a job may be requeued (preempted,
+	// or its node lost) before its attempts are no longer preemptible:
+	// a job that loses its cards this often runs its next attempt to the
+	// end, as if it were not preemptible. 0 is no limit.
+	PreemptionLimit int
 	// MaxSharersPerGPU caps the jobs on one shared card (0 means 4).
 	MaxSharersPerGPU int
 	// GangLabel is the node label a gang's nodes must agree on (with GPU

@@ -347,6 +347,36 @@ func TestPreemption(t *testing.T) {
 			want: outcome{Stops: map[string]string{"low": StopPreempted},
 				Pending: map[string]string{"high": ReasonPreempting}},
 		},
+		"a job requeued as often as the preemption limit is not preempted again": {
+			nodes:  []*NodeWrapper{MakeNode("n1").GPUs(2)},
+			policy: func(p *Policy) { p.PreemptionLimit = 3 },
+			jobs: []*JobWrapper{
+				MakeJob("low").GPUs(2).Priority("low").Preemptible().On("n1", 0, 1).Attempts(4, 0),
+				MakeJob("high").GPUs(2).Priority("high"),
+			},
+			want: outcome{Pending: map[string]string{"high": ReasonResources}},
+		},
+		"failure retries do not count toward the preemption limit": {
+			nodes:  []*NodeWrapper{MakeNode("n1").GPUs(2)},
+			policy: func(p *Policy) { p.PreemptionLimit = 3 },
+			jobs: []*JobWrapper{
+				MakeJob("low").GPUs(2).Priority("low").Preemptible().On("n1", 0, 1).Attempts(5, 3),
+				MakeJob("high").GPUs(2).Priority("high"),
+			},
+			want: outcome{Stops: map[string]string{"low": StopPreempted},
+				Pending: map[string]string{"high": ReasonPreempting}},
+		},
+		"a pending job past the preemption limit is placed as protected work": {
+			nodes:  []*NodeWrapper{MakeNode("n1"), MakeNode("n2")},
+			policy: func(p *Policy) { p.PreemptionLimit = 2 },
+			jobs: []*JobWrapper{
+				MakeJob("short").GPUs(4).Timeout(time.Hour).Started(0).On("n1", 0, 1, 2, 3),
+				MakeJob("long").GPUs(2).Timeout(4*time.Hour).Started(0).On("n2", 0, 1),
+				MakeJob("a").Preemptible().Attempts(2, 0).Timeout(2 * time.Hour),
+			},
+			// Below the limit it would take the best fit, n1 (TestPlacement).
+			want: outcome{Starts: map[string]string{"a": "n2:2"}},
+		},
 		"a job that is not preemptible is never preempted": {
 			nodes: []*NodeWrapper{MakeNode("n1").GPUs(2)},
 			jobs: []*JobWrapper{

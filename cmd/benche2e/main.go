@@ -73,6 +73,7 @@ type options struct {
 	teamQuota     int
 	highReserved  int
 	fifo          bool
+	preemptLimit  int
 	regions       bool
 	longRegion    time.Duration
 	jobsOut       string
@@ -101,6 +102,7 @@ func run(args []string, out io.Writer) error {
 	fs.IntVar(&o.teamQuota, "team-quota", 0, "give every team of the workload a guarantee of this many GPUs (teams above it borrow, so their preemptible jobs may be preempted by other teams' higher classes); 0: no quotas")
 	fs.IntVar(&o.highReserved, "high-reserved", 0, "put the workload's high-priority jobs in a queue \"high\" that holds this many GPUs (queues.reserved: other queues' jobs use them only when preemptible); 0: every job in the default queue")
 	fs.BoolVar(&o.fifo, "fifo", false, "order each priority class by submit time (scheduler.weights: age 1000, fairShare 0, size 0), as the Slurm side's priority/basic does; default: the shipped weights, fair share and age")
+	fs.IntVar(&o.preemptLimit, "preemption-limit", 0, "scheduler.preemptionLimit: a job requeued this many times is not preempted again (0: no limit)")
 	fs.BoolVar(&o.regions, "regions", false, "after the replay, summarise the user regions of the traces written by -trace and -agent-profile: count, p50, p90, max and total per region, and every occurrence over -long")
 	fs.DurationVar(&o.longRegion, "long", 500*time.Millisecond, "with -regions: list every region occurrence at least this long, with when it began")
 	fs.StringVar(&o.jobsOut, "jobs", "", "write one CSV line per job here: id, priority, team, gpus, duration_s, submit_s, start_s, end_s, wait_s, state, attempts")
@@ -196,9 +198,9 @@ func startCluster(o options, teams []string) (*cluster, error) {
 			extraYAML += fmt.Sprintf("  - {name: %q, quota: {gpus: %d}}\n", t, o.teamQuota)
 		}
 	}
-	weightsYAML := ""
+	weightsYAML := fmt.Sprintf("  preemptionLimit: %d", o.preemptLimit)
 	if o.fifo {
-		weightsYAML = "  weights: {age: 1000, fairShare: 0, size: 0}"
+		weightsYAML += "\n  weights: {age: 1000, fairShare: 0, size: 0}"
 	}
 	if o.highReserved > 0 {
 		extraYAML += fmt.Sprintf("queues:\n  - {name: default}\n  - {name: high, reserved: %d}\n", o.highReserved)

@@ -98,7 +98,7 @@ echo "end $EPOCHREALTIME" >> "$f"
 func (o options) slurmOnly() error {
 	var bad []string
 	for flag, set := range map[string]bool{
-		"-team-quota": o.teamQuota > 0, "-high-reserved": o.highReserved > 0, "-fifo": o.fifo, "-history": o.historyOut != "",
+		"-team-quota": o.teamQuota > 0, "-high-reserved": o.highReserved > 0, "-fifo": o.fifo, "-preemption-limit": o.preemptLimit > 0, "-history": o.historyOut != "",
 		"-trace": o.traceFile != "", "-regions": o.regions, "-agent-bin": o.agentBin != "",
 		"-agent-profile": o.agentProfile != "", "-cpuprofile": o.cpuProfile != "", "-mutexprofile": o.mutexProfile != "",
 	} {
