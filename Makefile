@@ -80,7 +80,7 @@ bench-e2e: build ## replay deploy/bench workloads through the API against simula
 	set -o pipefail; for mode in sequential parallel array; do \
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
 	set -o pipefail; for pl in false true; do \
-		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl; done | tee $(E2E_OUT)/mixed.txt
+		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl -fifo -preemption-limit 3; done | tee $(E2E_OUT)/mixed.txt
 # The mixed workload on a Slurm of its own, for the side-by-side figures of
 # docs/benchmarks.md: benche2e -system slurm runs munged, slurmctld and
 # 4 slurmd × 8 GPUs in a temp dir (as root; Debian's slurmctld, slurmd,
