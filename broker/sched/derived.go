@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math"
 	"slices"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -104,7 +105,7 @@ type derived struct {
 	tqp, proj, cons int32
 	shape           int32
 	preemptible     bool
-	requeues        int // attempts that ended other than by failure
+	requeues        uint16 // requeues(j), capped; fits beside preemptible
 	g, n            int
 	gpuMem          int64
 	cpu             float64
@@ -206,7 +207,7 @@ func (c *cycle) derive(d *derived, j *broker.Job, rev int) {
 		proj:        -1,
 		cons:        c.jc.conss.id(&c.consMap, consName{res.GPUModel, int64(res.GPUMemory)}),
 		preemptible: j.Spec.Preemptible,
-		requeues:    j.Attempt - j.Retries,
+		requeues:    uint16(min(requeues(j), math.MaxUint16)),
 		g:           res.GPUs,
 		n:           max(1, res.Nodes),
 		gpuMem:      int64(res.GPUMemory),
@@ -261,7 +262,7 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		queue:       q,
 		class:       c.tqps[tq].class,
 		latency:     c.queues[q].kind == Latency,
-		preemptible: d.preemptible && !c.pastPreemptionLimit(d.requeues),
+		preemptible: d.preemptible && !c.pastPreemptionLimit(int(d.requeues)),
 		g:           d.g,
 		n:           d.n,
 		cpu:         d.cpu,

@@ -513,6 +513,17 @@ func (c *cycle) lookAtJobs() []jobLook {
 	return look
 }
 
+// requeues is how many of the job's attempts ended other than by a
+// failure retry (preempted, or its node lost); a job holding cards is in
+// an attempt that has not ended.
+func requeues(j *broker.Job) int {
+	n := j.Attempt - j.Retries
+	if j.State.Holding() {
+		n--
+	}
+	return max(0, n)
+}
+
 // pastPreemptionLimit reports whether a job requeued this many times has
 // reached Policy.PreemptionLimit: its attempts are protected from then on.
 func (c *cycle) pastPreemptionLimit(requeues int) bool {
@@ -529,7 +540,7 @@ func (c *cycle) addRunning(j *broker.Job) {
 		queue:       q,
 		class:       c.classOf(j.Spec.Priority),
 		latency:     c.queues[q].kind == Latency,
-		preemptible: j.Spec.Preemptible && !c.pastPreemptionLimit(j.Attempt-1-j.Retries),
+		preemptible: j.Spec.Preemptible && !c.pastPreemptionLimit(requeues(j)),
 		stopping:    j.Stop != nil,
 		total:       j.TotalGPUs(),
 		grace:       int64(j.Spec.Checkpoint.Grace.D()),
