@@ -78,7 +78,7 @@ bench-e2e: build ## replay deploy/bench workloads through the API against simula
 	@mkdir -p $(E2E_OUT)
 	$(GO) build -o $(E2E_OUT)/benche2e ./cmd/benche2e
 	set -o pipefail; for mode in sequential parallel array; do \
-		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode; done | tee $(E2E_OUT)/zero.txt
+		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/zero-2000.jsonl -mode $$mode -floor 2000; done | tee $(E2E_OUT)/zero.txt
 	set -o pipefail; for pl in false true; do \
 		$(E2E_OUT)/benche2e -agent-bin $(BIN) -workload deploy/bench/mixed-500.jsonl -mode sequential -preemptible-low=$$pl -fifo -preemption-limit 3; done | tee $(E2E_OUT)/mixed.txt
 # The mixed workload on a Slurm of its own, for the side-by-side figures of

@@ -80,6 +80,7 @@ type options struct {
 	historyOut    string
 	agentBin      string
 	agentProfile  string
+	floor         int
 }
 
 func run(args []string, out io.Writer) error {
@@ -109,6 +110,7 @@ func run(args []string, out io.Writer) error {
 	fs.StringVar(&o.historyOut, "history", "", "write each job's history here, one JSON line per job (id, nodes, transitions with their reasons): who preempted whom, where each attempt ran")
 	fs.StringVar(&o.agentBin, "agent-bin", "", "run each agent as its own process of this spillway binary (`spillway agent`), as on separate nodes; default: agents inside this process")
 	fs.StringVar(&o.agentProfile, "agent-profile", "", "with -agent-bin: write each agent's CPU profile and runtime trace into this directory (NAME.cpu, NAME.trace)")
+	fs.IntVar(&o.floor, "floor", 0, "before the replay, start and reap this many `true` processes from benche2e alone, as many at a time as there are GPUs, and print the rate: the most jobs/s any replay of zero-length jobs can start on this machine (0: skip)")
 	fs.DurationVar(&o.schedInterval, "interval", 500*time.Millisecond, "the broker's scheduling interval (cycles also run on every submit and end)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -127,9 +129,18 @@ func run(args []string, out io.Writer) error {
 	if o.agents < 1 || o.gpusPerAgent < 1 || o.gpusPerAgent > 8 || o.submitters < 1 {
 		return errors.New("-agents, -submitters must be ≥ 1 and -gpus 1-8")
 	}
+	if o.floor < 0 {
+		return fmt.Errorf("-floor must be ≥ 0 (processes to start; 0 skips it), got %d", o.floor)
+	}
 	items, err := readWorkload(o.workload)
 	if err != nil {
 		return err
+	}
+	var floor float64
+	if o.floor > 0 {
+		if floor, err = spawnFloor(o.floor, o.agents*o.gpusPerAgent); err != nil {
+			return err
+		}
 	}
 	var res *result
 	switch o.system {
@@ -146,6 +157,7 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	res.floor = floor
 	res.print(out, o, items)
 	if o.regions {
 		if err := printRegions(out, o); err != nil {
@@ -382,6 +394,7 @@ type result struct {
 	rtts     []float64 // each single submit's round trip, seconds
 	cpuS     float64   // CPU over the replay: this process (broker, submitters), or Slurm's daemons
 	cpuWhat  string    // whose CPU cpuS is
+	floor    float64   // -floor: processes/s this machine starts and reaps with nothing else running
 }
 
 // outcome is what a replay measured of one job, whichever system ran it.
@@ -669,6 +682,10 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 		fmt.Fprintf(w, "  submit round trip p50/p99 %.2f / %.2f ms\n", 1000*percentile(r.rtts, 0.5), 1000*percentile(r.rtts, 0.99))
 	}
 	fmt.Fprintf(w, "  jobs started/s   %.0f (%d starts in %.2f s from the first submit)\n", float64(len(all))/startSpan, len(all), startSpan)
+	if r.floor > 0 {
+		fmt.Fprintf(w, "  spawn floor      %.0f/s (%d × true started and reaped by benche2e alone, %d at a time, before the replay); jobs started/s is %.0f%% of it\n",
+			r.floor, o.floor, gpus, 100*float64(len(all))/startSpan/r.floor)
+	}
 	fmt.Fprintf(w, "  makespan         %.2f s, lower bound %.2f s (%.3f×)\n", makespan, lb, makespan/lb)
 	fmt.Fprintf(w, "  wait p50/p99     all %.3f / %.3f s", percentile(all, 0.5), percentile(all, 0.99))
 	for _, p := range []string{"high", "medium", "low"} {
