@@ -116,6 +116,14 @@ type ExplainHolder struct {
 	GPUs     int    `json:"gpus"`
 	// Ends is when its timeout ends it at the latest.
 	Ends *time.Time `json:"ends,omitempty"`
+	// Preemptible: the job asked to be preemptible (spec.preemptible), and
+	// a higher class may take its cards — unless Protected.
+	Preemptible bool `json:"preemptible,omitempty"`
+	// Requeues is how many times it was requeued (preempted, node lost).
+	Requeues int `json:"requeues,omitempty"`
+	// Protected: a preemptible job requeued scheduler.preemptionLimit
+	// times, which is not preempted again.
+	Protected bool `json:"protected,omitempty"`
 }
 
 // ExplainCard is step 4: one of the job's cards, and whether it computes.

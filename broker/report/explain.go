@@ -66,7 +66,7 @@ func (rs *Reports) Explain(ctx context.Context, j *broker.Job, canSee func(team 
 		views := v.Nodes()
 		x.Queue = explainQueue(v, j, canSee)
 		x.Team = teamLoad(v, rs.Config, j.Spec.Team)
-		x.Cluster = explainCluster(v, j, views)
+		x.Cluster = explainCluster(v, j, views, rs.Config.Scheduler.PreemptionLimit)
 		x.Cards = explainCards(j, views, rs.Config.Idle.Threshold)
 	})
 
@@ -162,8 +162,9 @@ func modelMatches(want, model string) bool {
 }
 
 // explainCluster is the cluster as the job sees it: each node, whether its
-// cards match, who holds them and until when.
-func explainCluster(view View, j *broker.Job, views []api.NodeView) api.ExplainCluster {
+// cards match, who holds them, until when, and whether they may be
+// preempted (limit is scheduler.preemptionLimit).
+func explainCluster(view View, j *broker.Job, views []api.NodeView, limit int) api.ExplainCluster {
 	r := j.Spec.Resources
 	out := api.ExplainCluster{Nodes: len(views), NeedsPerNode: r.GPUs, NeedsNodes: max(1, r.Nodes)}
 	for _, v := range views {
@@ -191,6 +192,8 @@ func explainCluster(view View, j *broker.Job, views []api.NodeView) api.ExplainC
 			h := api.ExplainHolder{Job: id, GPUs: g}
 			if o, ok := view.Job(id); ok {
 				h.Team, h.Priority = o.Spec.Team, o.Spec.Priority
+				h.Preemptible = o.Spec.Preemptible
+				h.Requeues, h.Protected = sched.Requeues(o, limit)
 				if o.StartedAt != nil && o.Spec.Timeout > 0 {
 					e := o.StartedAt.Add(o.Spec.Timeout.D())
 					h.Ends = &e
@@ -501,8 +504,8 @@ func pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 			return verdict(VerdictWholeNode, fmt.Sprintf("The job needs %d GPUs on one node: %d GPUs are free but spread out (at most %d on one node)%s%s; it starts when a node frees up, or ask for fewer GPUs per node (resources.gpus with resources.nodes).",
 				c.NeedsPerNode, c.FreeGPUs, c.MostFreeOnOneNode, pos, eta))
 		}
-		return verdict(VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.",
-			c.HeldGPUs, c.GPUs, need, pos, eta))
+		return verdict(VerdictClusterFull, fmt.Sprintf("The cluster is full: %d of %d matching GPUs are in use and the job needs %d%s%s; it starts when running jobs end.%s",
+			c.HeldGPUs, c.GPUs, need, pos, eta, protectedNote(c)))
 	case sched.ReasonGang:
 		return verdict(VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.%s", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta, preflightNote(j)))
 	case sched.ReasonNoFit:
@@ -514,6 +517,28 @@ func pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 		return verdict(VerdictBurst, fmt.Sprintf("The job waits for GPUs (%d free, it needs %d) and will not burst yet: %s%s.", c.FreeGPUs, need, r.Message, pos))
 	}
 	return verdict(VerdictWaiting, fmt.Sprintf("The job waits: %s%s; nothing is wrong with it.", r.Message, eta))
+}
+
+// protectedNote says how many of the held matching GPUs belong to
+// preemptible jobs that scheduler.preemptionLimit protects: a user who
+// expects a higher class to take them learns why it does not.
+func protectedNote(c api.ExplainCluster) string {
+	gpus, jobs := 0, 0
+	for _, n := range c.NodeList {
+		if n.State != broker.NodeReady || !n.Matches {
+			continue
+		}
+		for _, h := range n.Holders {
+			if h.Protected {
+				gpus += h.GPUs
+				jobs++
+			}
+		}
+	}
+	if jobs == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" %d of them are held by %d preemptible job(s) requeued as often as scheduler.preemptionLimit allows, which are not preempted again.", gpus, jobs)
 }
 
 // explainSteps prints the walk as lines a CLI and a page show in order.
@@ -546,7 +571,14 @@ func explainSteps(x *api.Explanation) []string {
 	for _, n := range c.NodeList {
 		var hs []string
 		for _, h := range n.Holders {
-			hs = append(hs, fmt.Sprintf("%s (%s, %d)", h.Job, h.Team, h.GPUs))
+			switch {
+			case h.Protected:
+				hs = append(hs, fmt.Sprintf("%s (%s, %d, preemptible but requeued %d times: scheduler.preemptionLimit protects it)", h.Job, h.Team, h.GPUs, h.Requeues))
+			case h.Preemptible:
+				hs = append(hs, fmt.Sprintf("%s (%s, %d, preemptible)", h.Job, h.Team, h.GPUs))
+			default:
+				hs = append(hs, fmt.Sprintf("%s (%s, %d)", h.Job, h.Team, h.GPUs))
+			}
 		}
 		add("     %s %s: %d/%d free; held by %s", n.Name, n.State, n.Free, n.GPUs, dash0(strings.Join(hs, ", ")))
 	}

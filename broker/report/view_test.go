@@ -140,6 +140,71 @@ func TestExplainReadsTheQueueAndClusterFromTheView(t *testing.T) {
 	}
 }
 
+// TestExplainShowsHoldersProtectedByThePreemptionLimit: a waiting job's
+// explanation marks the holders a higher class may preempt, and those
+// scheduler.preemptionLimit protects, and the verdict counts the latter.
+func TestExplainShowsHoldersProtectedByThePreemptionLimit(t *testing.T) {
+	v := &fakeView{}
+	running := func(id string, attempt int) *broker.Job {
+		j := jobOf(id, "cv", 1, broker.StateRunning)
+		j.Spec.Priority, j.Spec.Preemptible, j.Attempt = "low", true, attempt
+		v.add(j)
+		return j
+	}
+	worn := running("worn", 4) // requeued 3 times: protected under a limit of 3
+	fresh := running("fresh", 2)
+	plain := jobOf("plain", "cv", 1, broker.StateRunning)
+	plain.Attempt = 5
+	v.add(plain)
+	hi := jobOf("hi", "nlp", 2, broker.StatePending)
+	hi.Spec.Priority = "high"
+	v.pending(hi, 1, sched.ReasonResources, "waiting for 2 GPUs")
+	v.nodes = []api.NodeView{node("n1", 3, map[int]*broker.Job{0: worn, 1: fresh, 2: plain})}
+	rs := reportsOver(v)
+	rs.Config.Scheduler.PreemptionLimit = 3
+
+	asked := hi.Clone()
+	asked.Pending = &broker.PendingReason{Code: sched.ReasonResources, Message: "waiting for 2 GPUs", Position: 1}
+	x, err := rs.Explain(context.Background(), asked, func(string) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]api.ExplainHolder{}
+	for _, h := range x.Cluster.NodeList[0].Holders {
+		got[h.Job] = h
+	}
+	if h := got["worn"]; !h.Preemptible || !h.Protected || h.Requeues != 3 {
+		t.Errorf("worn: %+v, want preemptible, protected, 3 requeues", h)
+	}
+	if h := got["fresh"]; !h.Preemptible || h.Protected || h.Requeues != 1 {
+		t.Errorf("fresh: %+v, want preemptible, not protected, 1 requeue", h)
+	}
+	if h := got["plain"]; h.Preemptible || h.Protected {
+		t.Errorf("plain: %+v, want neither preemptible nor protected (not preemptible, whatever its requeues)", h)
+	}
+	if !strings.Contains(x.Verdict.Sentence, "1 of them are held by 1 preemptible job(s) requeued as often as scheduler.preemptionLimit allows") {
+		t.Errorf("verdict: %q", x.Verdict.Sentence)
+	}
+	want := "     n1 ready: 0/3 free; held by fresh (cv, 1, preemptible), plain (cv, 1), worn (cv, 1, preemptible but requeued 3 times: scheduler.preemptionLimit protects it)"
+	if !slices.Contains(x.Steps, want) {
+		t.Errorf("steps %q\nwant the line %q", x.Steps, want)
+	}
+
+	// With no limit nothing is protected, and the verdict says nothing of it.
+	rs.Config.Scheduler.PreemptionLimit = 0
+	if x, err = rs.Explain(context.Background(), asked, func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range x.Cluster.NodeList[0].Holders {
+		if h.Protected {
+			t.Errorf("no limit: %+v protected", h)
+		}
+	}
+	if strings.Contains(x.Verdict.Sentence, "preemptionLimit") {
+		t.Errorf("no limit: verdict %q", x.Verdict.Sentence)
+	}
+}
+
 func TestExplainReadsTheLastAttemptsLogFromTheStore(t *testing.T) {
 	v := &fakeView{}
 	j := jobOf("f", "nlp", 1, broker.StateFailed)

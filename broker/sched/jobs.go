@@ -527,7 +527,18 @@ func requeues(j *broker.Job) int {
 // pastPreemptionLimit reports whether a job requeued this many times has
 // reached Policy.PreemptionLimit: its attempts are protected from then on.
 func (c *cycle) pastPreemptionLimit(requeues int) bool {
-	return c.pol.PreemptionLimit > 0 && requeues >= c.pol.PreemptionLimit
+	return pastLimit(c.pol.PreemptionLimit, requeues)
+}
+
+func pastLimit(limit, requeues int) bool { return limit > 0 && requeues >= limit }
+
+// Requeues is how many times a job was requeued (preempted, or its node
+// lost; failure retries are not counted), and whether that protects it
+// from further preemption under a Policy.PreemptionLimit of limit (0: no
+// limit). A job that is not preemptible is never past the limit.
+func Requeues(j *broker.Job, limit int) (n int, protected bool) {
+	n = requeues(j)
+	return n, j.Spec.Preemptible && pastLimit(limit, n)
 }
 
 func (c *cycle) addRunning(j *broker.Job) {
