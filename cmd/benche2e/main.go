@@ -679,7 +679,7 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 	fmt.Fprintf(w, ", %d agents × %d GPUs, preemptible low: %v, team quota: %d GPUs, GOMAXPROCS %d\n", o.agents, o.gpusPerAgent, o.preemptLow, o.teamQuota, runtime.GOMAXPROCS(0))
 	fmt.Fprintf(w, "  submitted in     %.2f s (%.0f submits/s)\n", r.submitS, float64(len(items))/r.submitS)
 	if len(r.rtts) > 0 {
-		fmt.Fprintf(w, "  submit round trip p50/p99 %.2f / %.2f ms\n", 1000*percentile(r.rtts, 0.5), 1000*percentile(r.rtts, 0.99))
+		fmt.Fprintf(w, "  submit round trip p50/p99/max %.2f / %.2f / %.2f ms\n", 1000*percentile(r.rtts, 0.5), 1000*percentile(r.rtts, 0.99), 1000*slices.Max(r.rtts))
 	}
 	fmt.Fprintf(w, "  jobs started/s   %.0f (%d starts in %.2f s from the first submit)\n", float64(len(all))/startSpan, len(all), startSpan)
 	if r.floor > 0 {
