@@ -4,6 +4,7 @@ import (
 	"context"
 	"iter"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -188,6 +189,14 @@ func TestExplainShowsHoldersProtectedByThePreemptionLimit(t *testing.T) {
 	want := "     n1 ready: 0/3 free; held by fresh (cv, 1, preemptible), plain (cv, 1), worn (cv, 1, preemptible but requeued 3 times: scheduler.preemptionLimit protects it)"
 	if !slices.Contains(x.Steps, want) {
 		t.Errorf("steps %q\nwant the line %q", x.Steps, want)
+	}
+	// docs/scheduling.md shows this line as its example.
+	doc, err := os.ReadFile("../../docs/scheduling.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), want+"\n") {
+		t.Errorf("docs/scheduling.md does not show the line %q", want)
 	}
 
 	// With no limit nothing is protected, and the verdict says nothing of it.
