@@ -262,7 +262,7 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		queue:       q,
 		class:       c.tqps[tq].class,
 		latency:     c.queues[q].kind == Latency,
-		preemptible: d.preemptible && !c.pastPreemptionLimit(int(d.requeues)),
+		preemptible: d.preemptible && !pastLimit(c.pol.PreemptionLimit, int(d.requeues)),
 		g:           d.g,
 		n:           d.n,
 		cpu:         d.cpu,

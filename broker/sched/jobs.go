@@ -524,12 +524,8 @@ func requeues(j *broker.Job) int {
 	return max(0, n)
 }
 
-// pastPreemptionLimit reports whether a job requeued this many times has
-// reached Policy.PreemptionLimit: its attempts are protected from then on.
-func (c *cycle) pastPreemptionLimit(requeues int) bool {
-	return pastLimit(c.pol.PreemptionLimit, requeues)
-}
-
+// pastLimit reports whether a job requeued this many times has reached a
+// Policy.PreemptionLimit of limit: its attempts are protected from then on.
 func pastLimit(limit, requeues int) bool { return limit > 0 && requeues >= limit }
 
 // Requeues is how many times a job was requeued (preempted, or its node
@@ -551,7 +547,7 @@ func (c *cycle) addRunning(j *broker.Job) {
 		queue:       q,
 		class:       c.classOf(j.Spec.Priority),
 		latency:     c.queues[q].kind == Latency,
-		preemptible: j.Spec.Preemptible && !c.pastPreemptionLimit(requeues(j)),
+		preemptible: j.Spec.Preemptible && !pastLimit(c.pol.PreemptionLimit, requeues(j)),
 		stopping:    j.Stop != nil,
 		total:       j.TotalGPUs(),
 		grace:       int64(j.Spec.Checkpoint.Grace.D()),

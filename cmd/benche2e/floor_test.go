@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -13,6 +15,10 @@ func TestSpawnFloorStartsAndReapsEveryProcess(t *testing.T) {
 	}
 	if rate <= 0 {
 		t.Fatalf("rate %v, want > 0", rate)
+	}
+	// Nothing is left to reap: every process it started was waited for.
+	if pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil); !errors.Is(err, syscall.ECHILD) {
+		t.Fatalf("after the floor: wait4 gave pid %d, err %v; want ECHILD (no children left)", pid, err)
 	}
 }
 
