@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
@@ -41,6 +42,7 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 	ctx := c.Request().Context()
 	audit, audited := s.auditInTx(c, http.StatusCreated)
 	s.submitted.window.RLock()
+	start := time.Now()
 	err = s.store.Update(ctx, func(tx broker.Tx) error {
 		if audit != nil {
 			if err := audit(tx); err != nil {
@@ -54,6 +56,7 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 		}
 		return nil
 	})
+	s.observeCommit(commitSubmit, start, len(jobs))
 	if err == nil {
 		s.queueSubmitted(jobs...)
 	}

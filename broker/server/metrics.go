@@ -14,6 +14,8 @@ type metrics struct {
 	submitted    *prometheus.CounterVec
 	transitions  *prometheus.CounterVec
 	cycleSeconds prometheus.Histogram
+	// storeCommit is each store write the broker waits on (storeslow.go).
+	storeCommit  *prometheus.HistogramVec
 	idle         *prometheus.CounterVec
 	exports      *prometheus.CounterVec
 	burstLead    *prometheus.HistogramVec
@@ -61,10 +63,14 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 	m.budgetAlerts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spillway_burst_budget_alerts_total", Help: "Budget alerts raised, by scope and level (80, 100).",
 	}, []string{"scope", "level"})
+	m.storeCommit = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "spillway_store_commit_duration_seconds", Help: "Store writes the broker waited on, by kind: state (job and node changes, under the broker's lock) or submit.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"kind"})
 	m.limited = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spillway_requests_limited_total", Help: "Requests refused with 429 by a team limit, by limit (submit_rate, pending_cap).",
 	}, []string{"limit"})
-	reg.MustRegister(m.limited)
+	reg.MustRegister(m.limited, m.storeCommit)
 	reg.MustRegister(m.budgetUsed, m.budgetAlerts, m.burstLead, m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s})

@@ -139,6 +139,8 @@ type Server struct {
 	observability observeState
 	// strs interns the strings jobs share (intern.go).
 	strs interner
+	// slowCommit: a store write this long is logged (storeslow.go).
+	slowCommit time.Duration
 	// storeHealth is the last store failure (storehealth.go).
 	storeHealth storeHealth
 	// certs is the API's TLS certificate (tls.go).
@@ -182,6 +184,8 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		burstWhy:  map[string]broker.PendingReason{},
 		nodeWake:  map[string]chan struct{}{},
 		schedWake: make(chan struct{}, 1),
+
+		slowCommit: defaultSlowCommit,
 	}
 	sections, err := adapters.Parse(cfg)
 	if err != nil {

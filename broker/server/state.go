@@ -40,6 +40,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 	// Batch: the commit shares its fsync with the submits and the other
 	// commits of the moment (group commit); fn reads memory the caller's
 	// lock holds still, and writes only the transaction.
+	start := time.Now()
 	err := s.store.Batch(ctx, func(tx broker.Tx) error {
 		for _, j := range jobs {
 			if err := broker.PutJob(tx, j); err != nil {
@@ -63,6 +64,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		}
 		return nil
 	})
+	s.observeCommit(commitState, start, len(jobs))
 	if err != nil {
 		if broker.IsStoreFailure(err) {
 			s.noteStoreFailure(err)
