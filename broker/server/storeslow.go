@@ -2,10 +2,10 @@ package server
 
 import "time"
 
-// slowCommit is, by default, how long a store write may take before the broker logs
-// it: the disk under bbolt (fsync) or the link to Redis is slow, and
-// while a state commit waits every API call, agent report and cycle
-// that needs the broker's lock waits with it.
+// defaultSlowCommit is Server.slowCommit: a store write this long is
+// logged, because the disk under bbolt (fsync) or the link to Redis is
+// slow, and while a state commit waits every API call, agent report and
+// cycle that needs the broker's lock waits with it.
 const defaultSlowCommit = time.Second
 
 // Kinds of spillway_store_commit_duration_seconds.
