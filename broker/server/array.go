@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
@@ -42,8 +41,7 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 	ctx := c.Request().Context()
 	audit, audited := s.auditInTx(c, http.StatusCreated)
 	s.submitted.window.RLock()
-	start := time.Now()
-	err = s.store.Update(ctx, func(tx broker.Tx) error {
+	err = s.store.Update(withCommit(ctx, commitSubmit, len(jobs)), func(tx broker.Tx) error {
 		if audit != nil {
 			if err := audit(tx); err != nil {
 				return err
@@ -56,7 +54,6 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 		}
 		return nil
 	})
-	s.observeCommit(commitSubmit, start, len(jobs))
 	if err == nil {
 		s.queueSubmitted(jobs...)
 	}

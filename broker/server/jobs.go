@@ -9,7 +9,6 @@ import (
 	"runtime/trace"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
@@ -139,8 +138,7 @@ func (s *Server) submit(c echo.Context) error {
 	// The call's audit record (201) goes in the job's own transaction.
 	audit, audited := s.auditInTx(c, http.StatusCreated)
 	s.submitted.window.RLock()
-	start := time.Now()
-	err = s.store.Batch(ctx, func(tx broker.Tx) error {
+	err = s.store.Batch(withCommit(ctx, commitSubmit, 1), func(tx broker.Tx) error {
 		prior = nil
 		if audit != nil {
 			if err := audit(tx); err != nil {
@@ -158,7 +156,6 @@ func (s *Server) submit(c echo.Context) error {
 		}
 		return broker.PutJobEncoded(tx, j, enc)
 	})
-	s.observeCommit(commitSubmit, start, 1)
 	if err == nil && prior == nil {
 		s.queueSubmitted(j)
 	}

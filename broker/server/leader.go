@@ -55,7 +55,7 @@ func (s *Server) leaderTasks() []func(context.Context) {
 // so nothing this broker writes before it leads can land.
 func (s *Server) initHA(elector broker.Elector) {
 	s.ha = &haState{elector: elector}
-	if f, ok := s.store.(broker.Fenced); ok {
+	if f, ok := s.backend.(broker.Fenced); ok {
 		f.SetFence(0)
 	}
 }
@@ -126,7 +126,7 @@ func (s *Server) lead(ctx context.Context) {
 func (s *Server) takeOver(ctx context.Context, token uint64) error {
 	s.lock()
 	defer s.mu.Unlock()
-	if f, ok := s.store.(broker.Fenced); ok {
+	if f, ok := s.backend.(broker.Fenced); ok {
 		f.SetFence(token)
 	}
 	s.resetLocked()
@@ -300,7 +300,7 @@ func (s *Server) health(ctx context.Context) (api.Health, int) {
 	h.Leader = tok != 0 && st.Leader && st.Token == tok
 	h.LeaderURL = st.LeaderURL
 	err := st.Err
-	if p, ok := s.store.(interface{ Ping(context.Context) error }); ok {
+	if p, ok := s.backend.(interface{ Ping(context.Context) error }); ok {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		err = p.Ping(pctx)
 		cancel()

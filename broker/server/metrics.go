@@ -14,7 +14,7 @@ type metrics struct {
 	submitted    *prometheus.CounterVec
 	transitions  *prometheus.CounterVec
 	cycleSeconds prometheus.Histogram
-	// storeCommit is each store write the broker waits on (storeslow.go).
+	// storeCommit is each store write (storeslow.go).
 	storeCommit  *prometheus.HistogramVec
 	idle         *prometheus.CounterVec
 	exports      *prometheus.CounterVec
@@ -64,7 +64,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		Name: "spillway_burst_budget_alerts_total", Help: "Budget alerts raised, by scope and level (80, 100).",
 	}, []string{"scope", "level"})
 	m.storeCommit = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "spillway_store_commit_duration_seconds", Help: "Store writes the broker waited on, by kind: state (job and node changes, under the broker's lock) or submit.",
+		Name: "spillway_store_commit_duration_seconds", Help: "Store writes, by kind: state (job and node changes, under the broker's lock), submit, or other.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"kind"})
 	m.limited = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -105,7 +105,7 @@ type Backuper interface {
 // backupStore serves GET /v1/store/backup: the embedded store file as of
 // now, streamed.
 func (s *Server) backupStore(c echo.Context) error {
-	b, ok := s.store.(Backuper)
+	b, ok := s.backend.(Backuper)
 	if !ok {
 		return newError(http.StatusNotImplemented, "not_supported",
 			"this store cannot be copied through the API; back up Redis with its RDB or AOF files (docs/operations.md)")

@@ -63,8 +63,12 @@ type Options struct {
 type Server struct {
 	// config is the configuration in force, swapped whole by Reload
 	// (reload.go); read it through cfg(), never keep it across a wait.
-	conf    atomic.Pointer[config.Config]
+	conf atomic.Pointer[config.Config]
+	// store is backend with every write timed (storeslow.go); read and
+	// write through it. backend is asked only for the store's optional
+	// interfaces (broker.Fenced, Ping, Backuper).
 	store   broker.Store
+	backend broker.Store
 	clock   clock.Clock
 	log     *slog.Logger
 	echo    *echo.Echo
@@ -139,8 +143,10 @@ type Server struct {
 	observability observeState
 	// strs interns the strings jobs share (intern.go).
 	strs interner
-	// slowCommit: a store write this long is logged (storeslow.go).
-	slowCommit time.Duration
+	// slowCommit: a store write this long is logged, at most once per
+	// slowCommits.every (storeslow.go).
+	slowCommit  time.Duration
+	slowCommits slowCommits
 	// storeHealth is the last store failure (storehealth.go).
 	storeHealth storeHealth
 	// certs is the API's TLS certificate (tls.go).
@@ -171,7 +177,7 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		opt.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		store:     store,
+		backend:   store,
 		clock:     opt.Clock,
 		log:       opt.Logger,
 		ids:       newIDSource(),
@@ -185,8 +191,10 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		nodeWake:  map[string]chan struct{}{},
 		schedWake: make(chan struct{}, 1),
 
-		slowCommit: defaultSlowCommit,
+		slowCommit:  defaultSlowCommit,
+		slowCommits: slowCommits{every: defaultSlowCommitEvery},
 	}
+	s.store = timedStore{Store: store, s: s}
 	sections, err := adapters.Parse(cfg)
 	if err != nil {
 		return nil, err

@@ -40,8 +40,7 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 	// Batch: the commit shares its fsync with the submits and the other
 	// commits of the moment (group commit); fn reads memory the caller's
 	// lock holds still, and writes only the transaction.
-	start := time.Now()
-	err := s.store.Batch(ctx, func(tx broker.Tx) error {
+	err := s.store.Batch(withCommit(ctx, commitState, len(jobs)), func(tx broker.Tx) error {
 		for _, j := range jobs {
 			if err := broker.PutJob(tx, j); err != nil {
 				return err
@@ -64,7 +63,6 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 		}
 		return nil
 	})
-	s.observeCommit(commitState, start, len(jobs))
 	if err != nil {
 		if broker.IsStoreFailure(err) {
 			s.noteStoreFailure(err)
