@@ -101,7 +101,7 @@ func (s *Server) observeCommit(ctx context.Context, start time.Time) {
 	skipped := l.skipped
 	l.logged, l.skipped = now, 0
 	l.mu.Unlock()
-	what := "what wrote waited for it"
+	what := "the caller waited for it"
 	switch tag.kind {
 	case commitState:
 		what = "the API, agents' reports and scheduling waited for it"
