@@ -143,9 +143,7 @@ type Server struct {
 	observability observeState
 	// strs interns the strings jobs share (intern.go).
 	strs interner
-	// slowCommit: a store write this long is logged, at most once per
-	// slowCommits.every (storeslow.go).
-	slowCommit  time.Duration
+	// slowCommits is the warning for slow store writes (storeslow.go).
 	slowCommits slowCommits
 	// storeHealth is the last store failure (storehealth.go).
 	storeHealth storeHealth
@@ -191,8 +189,7 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 		nodeWake:  map[string]chan struct{}{},
 		schedWake: make(chan struct{}, 1),
 
-		slowCommit:  defaultSlowCommit,
-		slowCommits: slowCommits{every: defaultSlowCommitEvery},
+		slowCommits: slowCommits{threshold: defaultSlowCommit, every: defaultSlowCommitEvery},
 	}
 	s.store = timedStore{Store: store, s: s}
 	sections, err := adapters.Parse(cfg)

@@ -8,13 +8,13 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 )
 
-// defaultSlowCommit is Server.slowCommit: a store write this long is
+// defaultSlowCommit is slowCommits.threshold: a store write this long is
 // logged, because the disk under bbolt (fsync) or the link to Redis is
 // slow, and while a state commit waits every API call, agent report and
 // cycle that needs the broker's lock waits with it.
 const defaultSlowCommit = time.Second
 
-// defaultSlowCommitEvery is Server.slowCommits.every: on a disk that stays
+// defaultSlowCommitEvery is slowCommits.every: on a disk that stays
 // slow, one warning per interval (on the broker's clock) stands for every
 // slow write of the interval, with their count, instead of one line per
 // write: a burst of submits that share one slow group commit would
@@ -67,19 +67,22 @@ func withCommit(ctx context.Context, kind string, jobs int) context.Context {
 	return context.WithValue(ctx, commitTagKey{}, commitTag{kind, jobs})
 }
 
-// slowCommits rate-limits the slow-commit warning.
+// slowCommits is the slow-commit warning: a write of threshold or longer
+// is slow, and slow writes are logged at most once every interval.
 type slowCommits struct {
+	threshold, every time.Duration
+
 	mu      sync.Mutex
-	every   time.Duration
 	logged  time.Time // when the last warning was logged
 	skipped int       // slow writes since then, not logged
 }
 
 // observeCommit records one store write that began at start: the
-// histogram always, a warning when it took slowCommit or longer and no
-// warning was logged in the last slowCommits.every; the warning's
-// "unlogged" counts the slow writes since the one before it. Real time,
-// not the injected clock, for the duration: it is the store's own latency.
+// histogram always, a warning when it took slowCommits.threshold or
+// longer and no warning was logged in the last slowCommits.every; the
+// warning's "unlogged" counts the slow writes since the one before it.
+// Real time, not the injected clock, for the duration: it is the store's
+// own latency.
 func (s *Server) observeCommit(ctx context.Context, start time.Time) {
 	d := time.Since(start)
 	tag, ok := ctx.Value(commitTagKey{}).(commitTag)
@@ -87,11 +90,11 @@ func (s *Server) observeCommit(ctx context.Context, start time.Time) {
 		tag.kind = commitOther
 	}
 	s.metrics.storeCommit.WithLabelValues(tag.kind).Observe(d.Seconds())
-	if d < s.slowCommit {
+	l := &s.slowCommits
+	if d < l.threshold {
 		return
 	}
 	now := s.clock.Now()
-	l := &s.slowCommits
 	l.mu.Lock()
 	if !l.logged.IsZero() && now.Sub(l.logged) < l.every {
 		l.skipped++

@@ -21,7 +21,7 @@ func TestStoreCommitObserved(t *testing.T) {
 	h, reg := newRegistryHarness(t)
 	var logs logBuffer
 	h.srv.log = slog.New(slog.NewTextHandler(&logs, nil))
-	h.srv.slowCommit = 0
+	h.srv.slowCommits.threshold = 0
 	h.srv.slowCommits.every = 0
 	base := commitCounts(t, reg) // the broker's start wrote before the threshold was set
 	a := h.agent("n1", 2)
@@ -82,7 +82,7 @@ func TestSlowCommitWarningsLimited(t *testing.T) {
 	h, reg := newRegistryHarness(t)
 	var logs logBuffer
 	h.srv.log = slog.New(slog.NewTextHandler(&logs, nil))
-	h.srv.slowCommit = 0
+	h.srv.slowCommits.threshold = 0
 	warnings := func() []string {
 		var out []string
 		for _, line := range strings.Split(logs.String(), "\n") {
