@@ -66,6 +66,22 @@ func ParseArray(s string) ([]int, error) {
 	return out, nil
 }
 
+// ValidArrayID reports whether id has the shape of an array's id (and a
+// job's): 26 characters of Crockford's base 32, as ULIDs are written.
+func ValidArrayID(id string) bool {
+	if len(id) != 26 || id[0] > '7' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if !strings.ContainsRune(crockford, rune(id[i])) {
+			return false
+		}
+	}
+	return true
+}
+
+const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
 func arrayIndex(s string) (int, error) {
 	if s == "" || len(s) > 7 {
 		return 0, fmt.Errorf("indexes are whole numbers from 0 to %d", maxArrayIndex)

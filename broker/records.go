@@ -80,6 +80,9 @@ type JobFilter struct {
 	States []State
 	Team   string
 	Queue  string
+	// Array keeps only the elements of this array (its id, as an array
+	// submit answers it).
+	Array string
 	// Cursor continues a listing: only jobs with ids before it (newer
 	// listings come first, ids sort by submit time).
 	Cursor string
@@ -91,6 +94,9 @@ func (f JobFilter) match(j *Job) bool {
 		return false
 	}
 	if f.Queue != "" && j.Spec.Queue != f.Queue {
+		return false
+	}
+	if f.Array != "" && j.ArrayID != f.Array {
 		return false
 	}
 	if len(f.States) > 0 {
@@ -137,8 +143,27 @@ func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
 		out = append(out, j)
 		return nil
 	}
+	decode := func(_ string, raw []byte) error {
+		var j Job
+		if err := json.Unmarshal(raw, &j); err != nil {
+			return err
+		}
+		return visit(&j)
+	}
 	var err error
-	if f.Team != "" {
+	if f.Array != "" {
+		// An array's elements get their ids with the array's, in one go:
+		// they sort just after it and share its first 10 characters (a
+		// ULID's time), so that range holds them all, and little else.
+		if !ValidArrayID(f.Array) {
+			return nil, "", nil
+		}
+		to := PrefixEnd(f.Array[:10])
+		if f.Cursor != "" && f.Cursor < to {
+			to = f.Cursor
+		}
+		err = tx.ScanReverse(BucketJobs, f.Array, to, decode)
+	} else if f.Team != "" {
 		// One team's jobs: its index, not every job (finding 6).
 		prefix := f.Team + "/"
 		to := PrefixEnd(prefix)
@@ -161,13 +186,7 @@ func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
 			return visit(j)
 		})
 	} else {
-		err = tx.ScanReverse(BucketJobs, "", f.Cursor, func(_ string, raw []byte) error {
-			var j Job
-			if err := json.Unmarshal(raw, &j); err != nil {
-				return err
-			}
-			return visit(&j)
-		})
+		err = tx.ScanReverse(BucketJobs, "", f.Cursor, decode)
 	}
 	if err != nil && !errors.Is(err, ErrStopScan) {
 		return nil, "", err

@@ -58,6 +58,15 @@ func (c *Client) SubmitArray(ctx context.Context, spec []byte, array string) (*S
 	return out, nil
 }
 
+// CancelArray cancels every element of an array that has not ended.
+func (c *Client) CancelArray(ctx context.Context, arrayID string) (*api.ArrayCancelled, error) {
+	var out api.ArrayCancelled
+	if err := c.getJSON(ctx, http.MethodPost, "/v1/arrays/"+url.PathEscape(arrayID)+"/cancel", nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // SubmitArraySpec sends a Spec value as an array of the given indexes.
 func (c *Client) SubmitArraySpec(ctx context.Context, s broker.Spec, array string) (*Submitted, error) {
 	raw, err := json.Marshal(s)

@@ -197,6 +197,8 @@ type ListOptions struct {
 	Queue  string
 	Limit  int
 	Cursor string
+	// Array lists only this array's elements.
+	Array string
 }
 
 // Jobs lists one page of jobs, newest first.
@@ -220,6 +222,9 @@ func (c *Client) Jobs(ctx context.Context, o ListOptions) (*api.JobList, error) 
 	}
 	if o.Cursor != "" {
 		q.Set("cursor", o.Cursor)
+	}
+	if o.Array != "" {
+		q.Set("arrayId", o.Array)
 	}
 	var out api.JobList
 	path := "/v1/jobs"

@@ -116,3 +116,97 @@ func TestArrayBadInput(t *testing.T) {
 		t.Fatalf("indexes %v", out.Indexes)
 	}
 }
+
+// TestArrayCancel: cancelling an array's id cancels its waiting elements
+// at once and stops its running ones, in index order, and nothing else:
+// not another array submitted in the same millisecond, not a lone job.
+// The elements are listed by arrayId, page by page; another team sees no
+// such array; a second cancel while they stop changes nothing; once all
+// have ended a cancel is a conflict.
+func TestArrayCancel(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("node-a", 8)
+	submitArray := func(array string) api.ArraySubmitted {
+		t.Helper()
+		var out api.ArraySubmitted
+		spec := `{"name":"sweep","resources":{"gpus":1},"timeout":"1h","command":["python","eval.py"],"array":"` + array + `"}`
+		if code := h.do("POST", "/v1/jobs", tokAlice, spec, &out); code != http.StatusCreated {
+			t.Fatalf("submit array: %d", code)
+		}
+		return out
+	}
+	// The harness's clock stands still: all three share one millisecond.
+	arr := submitArray("0-9")
+	other := submitArray("0-1")
+	lone := h.submit(tokAlice, `{"resources":{"gpus":1},"timeout":"1h","command":["true"]}`)
+	h.cycle()
+	a.sync() // elements 0-7 start
+
+	var seen []string
+	cursor := ""
+	for range 5 {
+		var page api.JobList
+		if code := h.do("GET", "/v1/jobs?limit=4&arrayId="+arr.ArrayID+"&cursor="+cursor, tokAlice, nil, &page); code != http.StatusOK {
+			t.Fatalf("list: %d", code)
+		}
+		for _, j := range page.Jobs {
+			seen = append(seen, j.ID)
+		}
+		if cursor = page.Next; cursor == "" {
+			break
+		}
+	}
+	slices.Reverse(seen) // newest first
+	if !slices.Equal(seen, arr.Jobs) {
+		t.Fatalf("listed %v, want %v", seen, arr.Jobs)
+	}
+	var bad struct {
+		Error struct{ Field, Message string }
+	}
+	if code := h.do("GET", "/v1/jobs?arrayId=sweep", tokAlice, nil, &bad); code != http.StatusBadRequest || bad.Error.Field != "arrayId" {
+		t.Fatalf("bad arrayId: %d %+v", code, bad)
+	}
+
+	for _, c := range []struct{ id, tok string }{{arr.ArrayID, tokBob}, {lone.ID, tokAlice}, {"not-an-id", tokAlice}} {
+		if code := h.do("POST", "/v1/arrays/"+c.id+"/cancel", c.tok, nil, nil); code != http.StatusNotFound {
+			t.Fatalf("cancel array %s as %s: %d, want 404", c.id, c.tok, code)
+		}
+	}
+	var got api.ArrayCancelled
+	if code := h.do("POST", "/v1/arrays/"+arr.ArrayID+"/cancel", tokAlice, nil, &got); code != http.StatusOK {
+		t.Fatalf("cancel array: %d", code)
+	}
+	if got.ArrayID != arr.ArrayID || got.Count != 10 || got.Ended != 0 ||
+		!slices.Equal(got.Stopping, arr.Jobs[:8]) || !slices.Equal(got.Cancelled, arr.Jobs[8:]) {
+		t.Fatalf("answer %+v", got)
+	}
+	for k, id := range arr.Jobs {
+		j := h.job(id)
+		if k >= 8 && j.State != broker.StateCancelled || k < 8 && (j.Stop == nil || j.Stop.Reason != "cancelled") {
+			t.Fatalf("element %d: %s, stop %+v", k, j.State, j.Stop)
+		}
+	}
+	for _, id := range append(slices.Clone(other.Jobs), lone.ID) {
+		if j := h.job(id); j.State != broker.StatePending || j.Stop != nil {
+			t.Fatalf("job %s outside the array: %s, stop %+v", id, j.State, j.Stop)
+		}
+	}
+	if code := h.do("POST", "/v1/arrays/"+arr.ArrayID+"/cancel", tokAlice, nil, &got); code != http.StatusOK ||
+		len(got.Cancelled) != 0 || !slices.Equal(got.Stopping, arr.Jobs[:8]) || got.Ended != 2 {
+		t.Fatalf("second cancel while stopping: %d %+v", code, got)
+	}
+
+	a.sync() // the stop orders
+	for _, id := range arr.Jobs[:8] {
+		a.exit(id, 143, "SIGTERM")
+	}
+	a.sync() // the ends
+	for k, id := range arr.Jobs[:8] {
+		if j := h.job(id); j.State != broker.StateCancelled {
+			t.Fatalf("element %d after its stop: %s", k, j.State)
+		}
+	}
+	if code := h.do("POST", "/v1/arrays/"+arr.ArrayID+"/cancel", tokAlice, nil, &bad); code != http.StatusConflict {
+		t.Fatalf("cancel an ended array: %d %+v", code, bad)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"runtime/trace"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
@@ -268,7 +269,11 @@ func (s *Server) getJob(c echo.Context) error {
 
 func (s *Server) listJobs(c echo.Context) error {
 	p := principal(c)
-	f := broker.JobFilter{Team: c.QueryParam("team"), Queue: c.QueryParam("queue"), Cursor: c.QueryParam("cursor")}
+	f := broker.JobFilter{Team: c.QueryParam("team"), Queue: c.QueryParam("queue"), Cursor: c.QueryParam("cursor"),
+		Array: c.QueryParam("arrayId")}
+	if f.Array != "" && !broker.ValidArrayID(f.Array) {
+		return errBadRequest("arrayId", broker.CodeInvalid, "%q is not an array id (26 characters, as an array submit answers it)", clip(f.Array))
+	}
 	if p.Role == config.RoleUser {
 		if f.Team != "" && f.Team != p.Team {
 			return errForbidden("token %s sees only team %s", p.Name, p.Team)
@@ -326,16 +331,9 @@ func (s *Server) cancel(c echo.Context) error {
 	if cur == nil {
 		return newError(http.StatusConflict, "conflict", "job %s already ended", j.ID)
 	}
-	now := s.clock.Now()
 	jj := cloneJob(cur)
-	switch {
-	case jj.Stop != nil && jj.Stop.Reason == "cancelled":
+	if !requestCancel(jj, p.Name, s.clock.Now()) {
 		return c.JSON(http.StatusAccepted, jj) // already on its way
-	case jj.State.Holding():
-		jj.Stop = &broker.StopRequest{Reason: "cancelled", Detail: "cancelled by " + p.Name, Signal: jj.Spec.Checkpoint.Signal,
-			Grace: jj.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: p.Name}
-	default:
-		jj.Transit(now, broker.StateCancelled, "cancelled", "cancelled by "+p.Name)
 	}
 	if err := s.commitLocked(ctx, []*broker.Job{jj}, nil, nil); err != nil {
 		return err
@@ -348,6 +346,22 @@ func (s *Server) cancel(c echo.Context) error {
 		return c.JSON(http.StatusOK, jj)
 	}
 	return c.JSON(http.StatusAccepted, jj)
+}
+
+// requestCancel cancels a waiting job, or asks a running one to stop,
+// in j (a copy the caller commits). It returns false when j's cancel is
+// already on its way.
+func requestCancel(j *broker.Job, by string, now time.Time) bool {
+	switch {
+	case j.Stop != nil && j.Stop.Reason == "cancelled":
+		return false
+	case j.State.Holding():
+		j.Stop = &broker.StopRequest{Reason: "cancelled", Detail: "cancelled by " + by, Signal: j.Spec.Checkpoint.Signal,
+			Grace: j.Spec.Checkpoint.Grace.D(), RequestedAt: now, By: by}
+	default:
+		j.Transit(now, broker.StateCancelled, "cancelled", "cancelled by "+by)
+	}
+	return true
 }
 
 func (s *Server) whoami(c echo.Context) error {

@@ -40,6 +40,7 @@ func (s *Server) routes(reg *prometheus.Registry) *echo.Echo {
 	v1.GET("/jobs", s.listJobs, people)
 	v1.GET("/jobs/:id", s.getJob, people)
 	v1.POST("/jobs/:id/cancel", s.cancel, people)
+	v1.POST("/arrays/:id/cancel", s.cancelArray, people)
 	v1.GET("/jobs/:id/logs", s.logs, people)
 	v1.HEAD("/uploads/:hash", s.hasUpload, people)
 	v1.PUT("/uploads/:hash", s.putUpload, people)

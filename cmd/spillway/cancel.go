@@ -1,16 +1,24 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/spf13/cobra"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/client"
 )
 
 func cancelCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "cancel JOB...",
-		Short: "Cancel jobs (running ones get their checkpoint signal, the grace period, then a kill)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:   "cancel JOB|ARRAY...",
+		Short: "Cancel jobs, or every job of an array (running ones get their checkpoint signal, the grace period, then a kill)",
+		Long: `Cancel jobs by id (or a unique prefix of one). Given an array's id (the
+one "spillway submit --array" prints), every element of the array that
+has not ended is cancelled, as Slurm's scancel does.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -19,6 +27,18 @@ func cancelCmd(g *globals) *cobra.Command {
 			failed := 0
 			for _, id := range args {
 				j, err := c.Cancel(cmd.Context(), id)
+				if isNotFound(err) && broker.ValidArrayID(id) {
+					// Not a job: an array's id?
+					a, aerr := c.CancelArray(cmd.Context(), id)
+					if aerr == nil {
+						fmt.Fprintf(g.stdout, "array %s: %d cancelled, %d stopping, %d had ended (%d jobs)\n",
+							a.ArrayID, len(a.Cancelled), len(a.Stopping), a.Ended, a.Count)
+						continue
+					}
+					if !isNotFound(aerr) {
+						err = aerr
+					}
+				}
 				if err != nil {
 					fmt.Fprintf(g.stderr, "%s: %v\n", id, err)
 					failed++
@@ -42,4 +62,10 @@ func cancelCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// isNotFound reports whether err is the broker's 404.
+func isNotFound(err error) bool {
+	var ae *client.APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusNotFound
 }

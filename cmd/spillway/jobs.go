@@ -58,7 +58,7 @@ func jobsCmd(g *globals) *cobra.Command {
 			w := g.table()
 			fmt.Fprintln(w, "ID\tNAME\tTEAM\tQUEUE\tPRIO\tGPUS\tSTATE\tAGE\tWHERE / WHY")
 			for _, j := range jobs {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", j.ID, j.Spec.Name, j.Spec.Team, j.Spec.Queue,
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", j.ID, jobName(j), j.Spec.Team, j.Spec.Queue,
 					j.Spec.Priority, j.TotalGPUs(), j.State, ago(now, j.SubmittedAt), whereOrWhy(j))
 			}
 			return w.Flush()
@@ -70,6 +70,7 @@ func jobsCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Queue, "queue", "", "only this queue")
 	f.IntVar(&o.Limit, "limit", 50, "page size")
 	f.StringVar(&o.Cursor, "cursor", "", "continue after this job id")
+	f.StringVar(&o.Array, "array", "", "only the jobs of this array (the id `spillway submit --array` prints); with --all, ended ones too")
 	f.BoolVar(&all, "all", false, "finished jobs too, every page")
 	return cmd
 }
@@ -77,6 +78,15 @@ func jobsCmd(g *globals) *cobra.Command {
 // activeStates are the states `spillway jobs` lists without --all.
 var activeStates = []broker.State{broker.StatePending, broker.StateProvisioning, broker.StateStarting,
 	broker.StateRunning, broker.StatePreempted, broker.StateLost}
+
+// jobName is a job's name, with its index when it is an array's element
+// (eval[7]).
+func jobName(j *broker.Job) string {
+	if j.ArrayIndex == nil {
+		return j.Spec.Name
+	}
+	return fmt.Sprintf("%s[%d]", j.Spec.Name, *j.ArrayIndex)
+}
 
 // whereOrWhy is where a job runs, or why it does not.
 func whereOrWhy(j *broker.Job) string {

@@ -50,6 +50,9 @@ func printStatus(g *globals, j *broker.Job) {
 	if j.IdleSince != nil {
 		fmt.Fprintf(w, "Idle:\tsince %s: its GPUs hold memory but compute almost nothing\n", j.IdleSince.Local().Format("2006-01-02 15:04"))
 	}
+	if j.ArrayIndex != nil {
+		fmt.Fprintf(w, "Array:\t%s, index %d\n", j.ArrayID, *j.ArrayIndex)
+	}
 	fmt.Fprintf(w, "Team / project:\t%s / %s\n", j.Spec.Team, dash(j.Spec.Project))
 	fmt.Fprintf(w, "User:\t%s\n", j.User)
 	fmt.Fprintf(w, "Queue / priority:\t%s / %s\n", j.Spec.Queue, j.Spec.Priority)
