@@ -393,9 +393,13 @@ func (s *Server) prepareSyncLocked(ctx context.Context, req *agentapi.SyncReques
 			changed[j.ID], j = jj, jj
 		}
 		_, rank, _ := placedOn(j, n.Name)
-		if len(j.Placements) > 1 && r.State == agentapi.RunRunning {
+		if len(j.Placements) > 1 {
+			// A member reported without its preflight has left the
+			// barrier: its command runs, or has already ended (a
+			// command that exits at once can end before its agent
+			// reports it running).
 			s.noteGatedLocked(j, rank, r.Preflight)
-			if r.Preflight != nil {
+			if r.State == agentapi.RunRunning && r.Preflight != nil {
 				if jj := s.notePreflightLocked(j, rank, r.Preflight, now); jj != nil {
 					changed[j.ID], j = jj, jj
 				}

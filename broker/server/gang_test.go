@@ -13,6 +13,17 @@ import (
 // closed). Before, both were released at once and a member could connect
 // to rank 0's hold instead of its command, read nothing and fail.
 func TestGangReleasesRankZeroFirst(t *testing.T) {
+	testGangRelease(t, false)
+}
+
+// TestGangReleasedWhenRankZeroEndsFirst: rank 0 released, its command
+// ends before its agent reports it past the barrier; the others are
+// released all the same (they waited at the barrier for good before).
+func TestGangReleasedWhenRankZeroEndsFirst(t *testing.T) {
+	testGangRelease(t, true)
+}
+
+func testGangRelease(t *testing.T, quick bool) {
 	h := newHarness(t)
 	a, b := h.agent("node-a", 2), h.agent("node-b", 2)
 	j := h.submit(tokAlice, `{"resources": {"gpus": 2, "nodes": 2}, "command": ["x"]}`)
@@ -62,7 +73,15 @@ func TestGangReleasesRankZeroFirst(t *testing.T) {
 	if _, release := orders(rank1); release {
 		t.Fatal("rank 1 released while rank 0 still reports its preflight (its hold may still be open)")
 	}
-	pre(rank0, nil) // rank 0 closed its hold and runs its command
+	if quick {
+		// Rank 0's command ended before its agent reported it running
+		// past the barrier (a loaded node, a command that exits at once):
+		// its first report after the release is its end.
+		pre(rank0, nil)
+		rank0.exit(j.ID, 0, "")
+	} else {
+		pre(rank0, nil) // rank 0 closed its hold and runs its command
+	}
 	orders(rank0)
 	if _, release := orders(rank1); !release {
 		t.Fatal("rank 1 not released after rank 0 left the barrier")
