@@ -61,15 +61,21 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.waitJob(run.ID, 30*time.Second, "running", func(s string) bool { return s == "running" })
-	wait, err := alice.SubmitSpec(ctx, broker.Spec{Name: "eval-sweep", Resources: broker.Resources{GPUs: 2}, Timeout: broker.Duration(time.Hour),
-		Command: []string{"true"}})
+	// The waiting job is an array's element: the page names it with its
+	// index, as the CLI does.
+	sub, err := alice.SubmitArraySpec(ctx, broker.Spec{Name: "eval-sweep", Resources: broker.Resources{GPUs: 2}, Timeout: broker.Duration(time.Hour),
+		Command: []string{"true"}}, "3")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if sub.Array == nil || len(sub.Array.Jobs) != 1 {
+		t.Fatalf("array submit answered %+v", sub)
+	}
+	waitID := sub.Array.Jobs[0]
 	deadline := time.Now().Add(20 * time.Second)
 	var reason *broker.PendingReason
 	for reason == nil && time.Now().Before(deadline) {
-		j, err := alice.Job(ctx, wait.ID)
+		j, err := alice.Job(ctx, waitID)
 		if err == nil && j.Pending != nil {
 			reason = j.Pending
 		}
@@ -107,7 +113,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	os.Remove(shot)
 	cmd := exec.Command(node, "dashboard.mjs")
 	cmd.Dir = "browser"
-	cmd.Env = append(os.Environ(), "SPILLWAY_URL="+c.url, "SPILLWAY_TOKEN="+tokAlice, "PENDING_JOB="+wait.ID,
+	cmd.Env = append(os.Environ(), "SPILLWAY_URL="+c.url, "SPILLWAY_TOKEN="+tokAlice, "PENDING_JOB="+waitID,
 		"RUNNING_JOB="+run.ID, "SCREENSHOT="+shot, "CHROMIUM="+chromium)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -126,7 +132,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("browser script: %v\n%s%s", err, out.String(), errb.String())
 	}
 	var seen struct {
-		Refused, Reason, Who, Instances, Budgets string
+		Refused, Reason, Name, Who, Instances, Budgets string
 		Cells, Held                              int
 		Stored                                   bool
 		Errors                                   []string
@@ -139,6 +145,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	if !strings.Contains(seen.Reason, reason.Code) || !strings.Contains(seen.Reason, "waiting for 2 GPUs on one node") {
 		t.Errorf("pending reason on the page %q, the API says %s: %s", seen.Reason, reason.Code, reason.Message)
+	}
+	if !strings.Contains(seen.Name, "eval-sweep[3]") {
+		t.Errorf("the waiting array element is named %q on the page, want eval-sweep[3]", seen.Name)
 	}
 	if seen.Cells != 4 || seen.Held != 3 || !strings.Contains(seen.Who, "alice") || !seen.Stored {
 		t.Errorf("page: %+v", seen)

@@ -53,6 +53,7 @@ try {
   const row = page.locator(`#pending tr[data-job="${pending}"]`);
   await row.waitFor();
   const reason = (await row.locator('td.reason').textContent()).trim();
+  const name = (await row.locator('td').nth(1).textContent()).trim();
   await page.locator(`#running tr[data-job="${running}"]`).waitFor();
   await page.waitForSelector('#heat-compute .cell');
   const cells = await page.locator('#heat-compute .cell').count();
@@ -63,7 +64,7 @@ try {
   await page.waitForFunction(() => document.querySelector('#chart-util svg') !== null);
   const stored = await page.evaluate(() => sessionStorage.getItem('spillway.token') !== null);
   await page.screenshot({ path: shot, fullPage: true });
-  console.log(JSON.stringify({ refused, reason, cells, held, who, instances, budgets, stored, errors }));
+  console.log(JSON.stringify({ refused, reason, name, cells, held, who, instances, budgets, stored, errors }));
 } catch (e) {
   console.error('dashboard test failed:', e.message, errors.length ? 'page errors: ' + errors.join('; ') : '');
   process.exitCode = 1;

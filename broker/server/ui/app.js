@@ -85,6 +85,12 @@ function renderSummary(jobs, nodes) {
     tile(ready + '/' + (nodes || []).length, 'nodes ready'), tile(pending, 'jobs waiting'), tile(running, 'jobs running'));
 }
 
+// jobName is a job's name, with its index when it is an array's element
+// (eval[7]), as the CLI shows it.
+function jobName(j) {
+  return (j.spec.name || '') + (j.arrayIndex != null ? '[' + j.arrayIndex + ']' : '');
+}
+
 function renderQueue(jobs, now) {
   const body = $('pending').tBodies[0];
   const rows = [];
@@ -96,7 +102,7 @@ function renderQueue(jobs, now) {
     const reason = r
       ? el('span', {}, el('span', { class: 'badge ' + r.code }, r.code), r.message)
       : el('span', { class: 'muted' }, 'not scheduled yet');
-    const name = el('span', {}, el('code', { title: j.id }, short(j.id)), ' ', j.spec.name || '');
+    const name = el('span', {}, el('code', { title: j.id }, short(j.id)), ' ', jobName(j));
     const gpus = j.spec.resources.gpus * (j.spec.resources.nodes || 1);
     rows.push(el('tr', { 'data-job': j.id },
       el('td', { class: 'num' }, r?.position || ''), el('td', {}, name), el('td', {}, j.spec.team),
@@ -116,7 +122,7 @@ function renderQueue(jobs, now) {
       ? el('span', { class: 'badge idle' }, 'idle since ' + new Date(j.idleSince).toLocaleTimeString())
       : (j.stop ? el('span', { class: 'badge' }, 'stopping: ' + j.stop.reason) : '');
     return el('tr', { 'data-job': j.id },
-      el('td', {}, el('code', { title: j.id }, short(j.id)), ' ', j.spec.name || ''), el('td', {}, j.spec.team),
+      el('td', {}, el('code', { title: j.id }, short(j.id)), ' ', jobName(j)), el('td', {}, j.spec.team),
       el('td', {}, j.spec.queue), el('td', {}, j.state), el('td', { class: 'mono' }, where),
       el('td', {}, j.startedAt ? dur(now - new Date(j.startedAt)) : ''), el('td', {}, note));
   }));
