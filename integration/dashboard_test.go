@@ -133,9 +133,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	var seen struct {
 		Refused, Reason, Name, Who, Instances, Budgets string
-		Cells, Held                              int
-		Stored                                   bool
-		Errors                                   []string
+		Cells, Held                                    int
+		Stored                                         bool
+		Errors                                         []string
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &seen); err != nil {
 		t.Fatalf("browser output %q: %v", out.String(), err)
