@@ -14,14 +14,30 @@ const maxArrayIndex = 1_000_000
 
 // ParseArray reads an array's indexes as Slurm's --array writes them: a
 // comma-separated list of indexes and ranges, each range with an optional
-// step ("0-999", "1,3,5", "0-15:4", "0-9,20-29"). It returns the indexes
-// in ascending order, each once, or an error saying what is wrong.
-func ParseArray(s string) ([]int, error) {
+// step ("0-999", "1,3,5", "0-15:4", "0-9,20-29"), then optionally "%N",
+// the most elements that may run at once ("0-999%10"). It returns the
+// indexes in ascending order, each once, and the limit (0: none), or an
+// error saying what is wrong.
+func ParseArray(s string) ([]int, int, error) {
+	if len(s) > 1024 {
+		return nil, 0, fmt.Errorf("is longer than 1024 characters")
+	}
+	s, limitText, hasLimit := strings.Cut(s, "%")
+	limit := 0
+	if hasLimit {
+		n, err := strconv.Atoi(limitText)
+		if err != nil || n < 1 || n > MaxArraySize || strings.TrimSpace(limitText) != limitText || limitText[0] == '+' {
+			return nil, 0, fmt.Errorf("%%%s: the most elements running at once must be a whole number from 1 to %d", clip(limitText), MaxArraySize)
+		}
+		limit = n
+	}
+	idx, err := parseIndexes(s)
+	return idx, limit, err
+}
+
+func parseIndexes(s string) ([]int, error) {
 	if s == "" {
 		return nil, fmt.Errorf("is empty")
-	}
-	if len(s) > 1024 {
-		return nil, fmt.Errorf("is longer than 1024 characters")
 	}
 	seen := map[int]bool{}
 	var out []int

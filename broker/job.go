@@ -155,6 +155,9 @@ type Job struct {
 	// index there (SPILLWAY_ARRAY_INDEX); both empty for a plain job.
 	ArrayID    string `json:"arrayId,omitempty"`
 	ArrayIndex *int   `json:"arrayIndex,omitempty"`
+	// ArrayLimit is the most elements of the array that run at once
+	// (--array 0-999%10), 0 for no limit.
+	ArrayLimit int `json:"arrayLimit,omitempty"`
 	// Data is the staging of the current attempt (inputs, checkpoint,
 	// outputs); CheckpointStep is the step the job last reported saved
 	// (POST /v1/jobs/{id}/checkpoint); DataWait flags GPUs waiting on data.

@@ -20,6 +20,7 @@ import (
 	"github.com/spillway-dev/spillway/billing"
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/burst"
+	"github.com/spillway-dev/spillway/broker/sched"
 	"github.com/spillway-dev/spillway/providers"
 )
 
@@ -183,11 +184,14 @@ func (c *Controller) Input(now time.Time, active bool, budgets map[string]burst.
 }
 
 // PendingJob is a waiting job as the burst decision sees it; false when
-// it may not go out now: held, or pending with a retry time not reached.
+// it may not go out now: held, waiting for its array's limit, or pending
+// with a retry time not reached.
 func PendingJob(w Waiting, now time.Time) (burst.Job, bool) {
 	j := w.Job
 	switch {
-	case j.Hold != nil:
+	case j.Hold != nil, w.Why == sched.ReasonArrayLimit:
+		// Held, or its array runs the most elements it may at once: a
+		// rented machine would not start it either.
 		return burst.Job{}, false
 	case j.State == broker.StatePending && (j.NotBefore == nil || !now.Before(*j.NotBefore)):
 	case j.State == broker.StateProvisioning:

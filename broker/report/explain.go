@@ -24,6 +24,7 @@ const (
 	VerdictGang         = "gang"
 	VerdictWaiting      = "waiting" // another scheduler reason (backfill, releasing, …)
 	VerdictNoFit        = "no_fit"
+	VerdictArrayLimit   = "array_limit"
 	VerdictBackoff      = "backoff"
 	VerdictBurstBudget  = "burst_budget"
 	VerdictBurst        = "burst" // another burst reason
@@ -508,6 +509,9 @@ func pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 			c.HeldGPUs, c.GPUs, need, pos, eta, protectedNote(c)))
 	case sched.ReasonGang:
 		return verdict(VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.%s", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta, preflightNote(j)))
+	case sched.ReasonArrayLimit:
+		return verdict(VerdictArrayLimit, fmt.Sprintf("The job is an element of array %s, which runs at most %d of its elements at once (%%%d in its --array)%s; it starts when one of them ends — nothing is wrong with it.",
+			j.ArrayID, j.ArrayLimit, j.ArrayLimit, pos))
 	case sched.ReasonNoFit:
 		return verdict(VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message))
 	case burst.CodeBudget:

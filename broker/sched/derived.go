@@ -46,6 +46,15 @@ type jobCache struct {
 	projs  names[projName]
 	conss  names[consName]
 	shapes names[shapeName]
+
+	// Job arrays that limit their elements running at once are rare, so
+	// they live beside the records, which keep their size: arr[i] is the
+	// interned array of recs[i] (-1: none), arrLimit[a] array a's limit,
+	// and limited counts the records with one (0: the cycle skips it all).
+	arrs     names[string]
+	arr      []int32
+	arrLimit []int32
+	limited  int
 }
 
 // names interns keys as dense int32 ids, kept across cycles.
@@ -119,8 +128,9 @@ type derived struct {
 // beginCycle readies the cache for one cycle's lookups.
 func (c *cycle) beginCycle(jobs int) {
 	jc := &c.jc
-	if jc.slot == nil || len(jc.tqps.keys)+len(jc.projs.keys)+len(jc.conss.keys) > maxInterns || len(jc.shapes.keys) > maxShapes {
-		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), recs: jc.recs[:0], refs: jc.refs[:0], seen: jc.seen[:0], pos: jc.pos[:0], free: jc.free[:0]}
+	if jc.slot == nil || len(jc.tqps.keys)+len(jc.projs.keys)+len(jc.conss.keys)+len(jc.arrs.keys) > maxInterns || len(jc.shapes.keys) > maxShapes {
+		*jc = jobCache{slot: make(map[*broker.Job]int32, jobs), recs: jc.recs[:0], refs: jc.refs[:0], seen: jc.seen[:0], pos: jc.pos[:0], free: jc.free[:0],
+			arr: jc.arr[:0]}
 		clear(jc.refs[:cap(jc.refs)])
 	}
 	if more := jobs - len(jc.recs) + len(jc.free); more > 0 {
@@ -128,6 +138,7 @@ func (c *cycle) beginCycle(jobs int) {
 		jc.refs = slices.Grow(jc.refs, more)
 		jc.seen = slices.Grow(jc.seen, more)
 		jc.pos = slices.Grow(jc.pos, more)
+		jc.arr = slices.Grow(jc.arr, more)
 	}
 	jc.curSlot = fillInt32(jc.curSlot, jobs, -1)
 	jc.cycle++
@@ -136,6 +147,7 @@ func (c *cycle) beginCycle(jobs int) {
 	}
 	c.tqpMap = fillInt32(c.tqpMap, len(jc.tqps.keys), -1)
 	c.projMap = fillInt32(c.projMap, len(jc.projs.keys), -1)
+	c.arrMap = fillInt32(c.arrMap, len(jc.arrs.keys), -1)
 	c.consMap = fillInt32(c.consMap, len(jc.conss.keys), -1)
 	c.shapeMap = fillInt32(c.shapeMap, len(jc.shapes.keys), -1)
 }
@@ -156,6 +168,7 @@ func (c *cycle) endCycle() {
 		if s != 0 && s != jc.cycle {
 			delete(jc.slot, jc.refs[i].j)
 			jc.recs[i], jc.refs[i], jc.seen[i] = derived{}, jobRef{}, 0
+			c.setArray(int32(i), nil)
 			jc.free = append(jc.free, int32(i))
 		}
 	}
@@ -187,12 +200,15 @@ func (c *cycle) derivedOf(j *broker.Job, pos, rev int) int32 {
 			jc.refs = append(jc.refs, jobRef{})
 			jc.seen = append(jc.seen, 0)
 			jc.pos = append(jc.pos, 0)
+			jc.arr = append(jc.arr, -1)
 		}
 		jc.slot[j] = i
 		jc.refs[i] = jobRef{j: j, id: j.ID}
 		c.derive(&jc.recs[i], j, rev)
+		c.setArray(i, j)
 	case jc.recs[i].rev != int32(rev):
 		c.derive(&jc.recs[i], j, rev)
+		c.setArray(i, j)
 	}
 	jc.seen[i], jc.pos[i], jc.curSlot[pos] = jc.cycle, int32(pos), i
 	return i
@@ -286,6 +302,46 @@ func (c *cycle) addPending(j *broker.Job, pos, rev int) {
 		c.shapeMap[d.shape] = p.shape
 	}
 	c.pending = append(c.pending, p)
+}
+
+// setArray records the array of slot i's job j (nil: the slot is freed)
+// when that array limits its elements running at once.
+func (c *cycle) setArray(i int32, j *broker.Job) {
+	jc := &c.jc
+	a := int32(-1)
+	if j != nil && j.ArrayLimit > 0 && j.ArrayID != "" {
+		a = jc.arrs.id(&c.arrMap, j.ArrayID)
+		if int(a) == len(jc.arrLimit) {
+			jc.arrLimit = append(jc.arrLimit, 0)
+		}
+		jc.arrLimit[a] = int32(min(j.ArrayLimit, math.MaxInt32))
+	}
+	switch old := jc.arr[i]; {
+	case old < 0 && a >= 0:
+		jc.limited++
+	case old >= 0 && a < 0:
+		jc.limited--
+	}
+	jc.arr[i] = a
+}
+
+// arrayOfPending is the pending job's limited array in cycle.arrays, or
+// -1 when its array has no limit or it is in none.
+func (c *cycle) arrayOfPending(p *pjob) int32 {
+	jc := &c.jc
+	if jc.limited == 0 {
+		return -1
+	}
+	a := jc.arr[p.rec]
+	if a < 0 {
+		return -1
+	}
+	i := c.arrMap[a]
+	if i < 0 {
+		i = c.arrayOf(jc.arrs.keys[a], int(jc.arrLimit[a]))
+		c.arrMap[a] = i
+	}
+	return i
 }
 
 // job is the pending job's record.

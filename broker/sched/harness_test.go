@@ -37,9 +37,16 @@ func (w *JobWrapper) Priority(p string) *JobWrapper { w.j.Spec.Priority = p; ret
 func (w *JobWrapper) Queue(q string) *JobWrapper    { w.j.Spec.Queue = q; return w }
 func (w *JobWrapper) Team(t string) *JobWrapper     { w.j.Spec.Team = t; return w }
 func (w *JobWrapper) Project(p string) *JobWrapper  { w.j.Spec.Project = p; return w }
-func (w *JobWrapper) Preemptible() *JobWrapper      { w.j.Spec.Preemptible = true; return w }
-func (w *JobWrapper) Model(m string) *JobWrapper    { w.j.Spec.Resources.GPUModel = m; return w }
-func (w *JobWrapper) CPU(n float64) *JobWrapper     { w.j.Spec.Resources.CPU = n; return w }
+
+// Array makes the job an element of array id, which runs at most limit
+// elements at once (0: no limit).
+func (w *JobWrapper) Array(id string, limit int) *JobWrapper {
+	w.j.ArrayID, w.j.ArrayLimit = id, limit
+	return w
+}
+func (w *JobWrapper) Preemptible() *JobWrapper   { w.j.Spec.Preemptible = true; return w }
+func (w *JobWrapper) Model(m string) *JobWrapper { w.j.Spec.Resources.GPUModel = m; return w }
+func (w *JobWrapper) CPU(n float64) *JobWrapper  { w.j.Spec.Resources.CPU = n; return w }
 func (w *JobWrapper) Burst(b broker.BurstPolicy) *JobWrapper {
 	w.j.Spec.Burst = b
 	return w

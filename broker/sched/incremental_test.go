@@ -24,6 +24,9 @@ func TestIncrementalAgreesWithFresh(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 99))
 		s := busySnapshot(seed, 30, 300)
+		for k, j := range s.Jobs {
+			inArray(j, k)
+		}
 		inc := New()
 		next := 0
 		for round := 0; round < 25; round++ {
@@ -38,6 +41,15 @@ func TestIncrementalAgreesWithFresh(t *testing.T) {
 			}
 			mutate(rng, s, plan, &next)
 		}
+	}
+}
+
+// inArray makes every fifth job an element of one of three arrays that
+// run at most 1, 2 and 3 elements at once, by the job's number k.
+func inArray(j *broker.Job, k int) {
+	if k%5 == 0 {
+		a := k / 5 % 3
+		j.ArrayID, j.ArrayLimit = fmt.Sprintf("array-%d", a), a+1
 	}
 }
 
@@ -106,7 +118,9 @@ func mutate(rng *rand.Rand, s *Snapshot, plan Plan, next *int) {
 	}
 	s.Jobs = kept
 	for k := rng.IntN(20); k > 0; k-- {
-		s.Jobs = append(s.Jobs, genJob(rng, fmt.Sprintf("c%05d", *next), s.Now))
+		j := genJob(rng, fmt.Sprintf("c%05d", *next), s.Now)
+		inArray(j, *next)
+		s.Jobs = append(s.Jobs, j)
 		*next++
 	}
 	if rng.IntN(2) == 0 {

@@ -38,10 +38,14 @@ type cycle struct {
 	// lostCount[b] is the number of nodes in lostSets[b].
 	lostCount [65]int32
 
-	teams      []team
-	teamIdx    map[string]int32
-	projects   []project
-	projIdx    map[projKey]int32
+	teams    []team
+	teamIdx  map[string]int32
+	projects []project
+	projIdx  map[projKey]int32
+	// arrays are the job arrays with a limit on elements running at once
+	// (--array 0-999%10) that this cycle met, by id in arrIdx.
+	arrays     []arrayUse
+	arrIdx     map[string]int32
 	queues     []queue
 	queueIdx   map[string]int32
 	tqps       []tqp
@@ -91,7 +95,7 @@ type cycle struct {
 	jc jobCache
 	// tqpMap, projMap, consMap and shapeMap take jc's interned names to
 	// this cycle's entries (-1: not looked up yet).
-	tqpMap, projMap, consMap, shapeMap []int32
+	tqpMap, projMap, consMap, shapeMap, arrMap []int32
 	// shapeIdx numbers this cycle's job shapes (shapeKeyOf);
 	// shapeFailed[s] has bit f when a preemption search with flags f
 	// (and needFree 0) failed for shape s.
@@ -180,7 +184,38 @@ type project struct {
 	limit    int
 }
 
-func (p *project) effective() int  { return p.used - p.stopping }
+func (p *project) effective() int { return p.used - p.stopping }
+
+// arrayUse is one array with a limit on its elements running at once:
+// the limit, and its elements holding cards (running, starting, stopping,
+// or started by this cycle).
+type arrayUse struct {
+	id             string
+	limit, running int
+}
+
+// arrayFull reports whether the pending job's array runs the most
+// elements it may at once, and then says so in r.
+func (c *cycle) arrayFull(p *pjob, r *Reason) bool {
+	i := c.arrayOfPending(p)
+	if i < 0 || c.arrays[i].running < c.arrays[i].limit {
+		return false
+	}
+	a := &c.arrays[i]
+	r.kind, r.arr, r.used, r.limit = kindArrayLimit, i, int32(a.running), int32(a.limit)
+	return true
+}
+
+// arrayOf is the cycle's index of the array id with that limit.
+func (c *cycle) arrayOf(id string, limit int) int32 {
+	if i, ok := c.arrIdx[id]; ok {
+		return i
+	}
+	i := int32(len(c.arrays))
+	c.arrIdx[id] = i
+	c.arrays = append(c.arrays, arrayUse{id: id, limit: limit})
+	return i
+}
 func (p *project) borrowing() bool { return p.effective() > p.guar }
 
 type queue struct {
@@ -233,6 +268,7 @@ func (c *cycle) reset(s *Snapshot) {
 		c.ggIndex = map[ggKey]int32{}
 		c.teamIdx = map[string]int32{}
 		c.projIdx = map[projKey]int32{}
+		c.arrIdx = map[string]int32{}
 		c.queueIdx = map[string]int32{}
 		c.tqpIdx = map[tqpKey]int32{}
 		c.consIdx = map[consKey]int32{}
@@ -247,6 +283,8 @@ func (c *cycle) reset(s *Snapshot) {
 	c.everKnown, c.everFits = c.everKnown[:0], c.everFits[:0]
 	clear(c.teamIdx)
 	clear(c.projIdx)
+	clear(c.arrIdx)
+	c.arrays = c.arrays[:0]
 	clear(c.queueIdx)
 	clear(c.tqpIdx)
 	c.tqps = c.tqps[:0]
@@ -608,6 +646,9 @@ func (c *cycle) addRunning(j *broker.Job) {
 		c.projects[r.project].used += r.total
 	}
 	c.queues[q].held += r.total
+	if j.ArrayLimit > 0 && j.ArrayID != "" {
+		c.arrays[c.arrayOf(j.ArrayID, j.ArrayLimit)].running++
+	}
 	if r.stopping {
 		c.teams[t].stopping += r.total
 		if r.project >= 0 {

@@ -477,17 +477,23 @@ func (c *cycle) commitStart(pi int32, nodes []int32, masks []uint64, end int64) 
 		c.recount(i)
 	}
 	c.running[ri].p1 = int32(len(c.rplaces))
-	c.addUse(p.team, p.project, p.queue, r.total)
+	c.addUse(p)
 	c.starts = append(c.starts, st)
 }
 
-// addUse adds GPUs held by a team, project and queue, keeping unmetTotal.
-func (c *cycle) addUse(t, pr, q int32, gpus int) {
-	c.teams[t].used += gpus
-	if pr >= 0 {
-		c.projects[pr].used += gpus
+// addUse counts a pending job as holding its cards (started, or waiting
+// for cards kept for it): in its team, project, queue (keeping
+// unmetTotal) and limited array.
+func (c *cycle) addUse(p *pjob) {
+	gpus := p.g * p.n
+	c.teams[p.team].used += gpus
+	if p.project >= 0 {
+		c.projects[p.project].used += gpus
 	}
-	qu := &c.queues[q]
+	if a := c.arrayOfPending(p); a >= 0 {
+		c.arrays[a].running++
+	}
+	qu := &c.queues[p.queue]
 	c.unmetTotal -= qu.unmet()
 	qu.held += gpus
 	c.unmetTotal += qu.unmet()

@@ -29,7 +29,8 @@ type Reason struct {
 	g, n, model  int32
 	pos, queue   int32
 	team, proj   int32 // quota: the team and project (-1: the team's quota)
-	used, limit  int32 // quota: GPUs in use and the limit
+	used, limit  int32 // quota: GPUs in use and the limit; array limit: elements running and the limit
+	arr          int32 // array limit: the array
 	victims      int32 // preempting: index in ctx.victims
 	kind         reasonKind
 	byResv       bool // the estimate is the head's reservation
@@ -50,13 +51,14 @@ const (
 	kindReleasing
 	kindPreempting
 	kindNoFit
+	kindArrayLimit
 	kindFixed // a sentence given whole (FixedReason)
 )
 
 var reasonCodes = [...]string{kindNone: "", kindBackoff: ReasonBackoff, kindQuota: ReasonQuota,
 	kindQueueReserved: ReasonQueueReserved, kindResources: ReasonResources, kindGang: ReasonGang,
 	kindBackfill: ReasonBackfill, kindReleasing: ReasonReleasing, kindPreempting: ReasonPreempting,
-	kindNoFit: ReasonNoFit}
+	kindNoFit: ReasonNoFit, kindArrayLimit: ReasonArrayLimit}
 
 // reasonCtx is what one cycle's reasons share: its clock and the names
 // they refer to by index.
@@ -66,6 +68,7 @@ type reasonCtx struct {
 	models   []string // by constraint index
 	teams    []string // by team index
 	projects []string // by project index
+	arrays   []string // by array index
 	head     string   // the job holding the reservation
 	victims  []victimText
 	fixed    *broker.PendingReason // kindFixed
@@ -169,6 +172,20 @@ func (r Reason) appendMessage(b []byte) []byte {
 			b = append(b, "; this job needs "...)
 			b = strconv.AppendInt(b, int64(need), 10)
 		}
+		b = append(b, ')')
+	case kindArrayLimit:
+		// "array 01M9… runs 4 elements at once, its limit (%4)".
+		b = append(b, "array "...)
+		b = append(b, x.arrays[r.arr]...)
+		b = append(b, " runs "...)
+		b = strconv.AppendInt(b, int64(r.used), 10)
+		if r.used == 1 {
+			b = append(b, " element"...)
+		} else {
+			b = append(b, " elements"...)
+		}
+		b = append(b, " at once, its limit (%"...)
+		b = strconv.AppendInt(b, int64(r.limit), 10)
 		b = append(b, ')')
 	case kindPreempting:
 		// "preempting 2 jobs (a, b) on n1 for 8 GPUs on one node; starts

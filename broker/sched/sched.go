@@ -180,6 +180,7 @@ type Preemption struct {
 const (
 	ReasonBackoff       = "backoff"        // retry backoff after a failure
 	ReasonQuota         = "quota"          // team or project at its limit
+	ReasonArrayLimit    = "array_limit"    // its array runs the most elements it may at once
 	ReasonQueueReserved = "queue_reserved" // free cards are reserved for other queues
 	ReasonResources     = "resources"      // not enough free cards on one node
 	ReasonGang          = "gang"           // not enough nodes for a multi-node job

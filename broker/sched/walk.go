@@ -32,10 +32,11 @@ func (c *cycle) walk() {
 		switch over, project := c.quotaOver(p); {
 		case p.notBefore > c.nowNs:
 			r.kind, r.at = kindBackoff, p.notBefore
+		case c.arrayFull(p, r):
 		case over > 0:
 			if at := c.tryPreempt(pi, c.rightsOf(p, over, project)); at > 0 {
 				r.kind, r.est, r.victims = kindPreempting, at, c.victimText()
-				c.addUse(p.team, p.project, p.queue, p.g*p.n)
+				c.addUse(p)
 			} else {
 				c.quotaReason(r, p, project)
 			}
@@ -46,13 +47,13 @@ func (c *cycle) walk() {
 			// quota and queue for the rest of the cycle, as if started.
 			if at := c.tryClaim(pi); at > 0 {
 				r.kind, r.est = kindReleasing, at
-				c.addUse(p.team, p.project, p.queue, p.g*p.n)
+				c.addUse(p)
 				break
 			}
 			miss := c.miss
 			if at := c.tryPreempt(pi, c.rightsOf(p, 0, false)); at > 0 {
 				r.kind, r.est, r.victims = kindPreempting, at, c.victimText()
-				c.addUse(p.team, p.project, p.queue, p.g*p.n)
+				c.addUse(p)
 				break
 			}
 			// sawBackfill now says whether placing, claiming or preempting
@@ -77,7 +78,7 @@ func (pl *Plan) BurstDemand() []BurstDemand {
 	for k := range pl.Pending {
 		pe := &pl.Pending[k]
 		j := pe.j
-		if j == nil || pe.Reason.kind == kindBackoff || j.Spec.Burst == broker.BurstNever {
+		if j == nil || pe.Reason.kind == kindBackoff || pe.Reason.kind == kindArrayLimit || j.Spec.Burst == broker.BurstNever {
 			continue
 		}
 		res := j.Spec.Resources
@@ -264,6 +265,9 @@ func (c *cycle) finish() Plan {
 	}
 	for i := range c.projects {
 		x.projects = append(x.projects, c.projects[i].name)
+	}
+	for i := range c.arrays {
+		x.arrays = append(x.arrays, c.arrays[i].id)
 	}
 	if len(plan.Pending) == 0 {
 		plan.Pending = nil

@@ -18,7 +18,7 @@ import (
 // ids. Each element is a job of its own: its own history, attempts,
 // ledger lines and SPILLWAY_ARRAY_INDEX.
 func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) error {
-	idx, err := broker.ParseArray(spec.Array)
+	idx, limit, err := broker.ParseArray(spec.Array)
 	if err != nil {
 		return errBadRequest("array", broker.CodeInvalid, "%v", err)
 	}
@@ -35,7 +35,7 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 	detail := "by " + p.Name + " (array " + arrayID + ")"
 	for k := range idx {
 		j := &broker.Job{ID: ids[k+1], Spec: spec, User: p.Name, State: broker.StatePending, SubmittedAt: now,
-			ArrayID: arrayID, ArrayIndex: &idx[k]}
+			ArrayID: arrayID, ArrayIndex: &idx[k], ArrayLimit: limit}
 		j.Spec.Array = "" // the element is one job; ArrayID and ArrayIndex say where it belongs
 		j.History = []broker.Transition{{At: now, To: broker.StatePending, Reason: "submitted", Detail: detail}}
 		s.strs.job(j)

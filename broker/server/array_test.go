@@ -10,6 +10,8 @@ import (
 	"github.com/spillway-dev/spillway/broker/api"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/report"
+	"github.com/spillway-dev/spillway/broker/sched"
 )
 
 // TestArraySubmit: one call with array 0-9 makes ten jobs, each its own
@@ -208,5 +210,53 @@ func TestArrayCancel(t *testing.T) {
 	}
 	if code := h.do("POST", "/v1/arrays/"+arr.ArrayID+"/cancel", tokAlice, nil, &bad); code != http.StatusConflict {
 		t.Fatalf("cancel an ended array: %d %+v", code, bad)
+	}
+}
+
+// TestArrayLimitRunsAtMostN: --array 0-5%2 on eight free cards starts two
+// elements; the others wait with reason array_limit (and explain says
+// so); when one ends, exactly one more starts. The limit survives a
+// restart.
+func TestArrayLimitRunsAtMostN(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("node-a", 8)
+	var out api.ArraySubmitted
+	spec := `{"name":"sweep","resources":{"gpus":1},"timeout":"1h","command":["python","eval.py"],"array":"0-5%2"}`
+	if code := h.do("POST", "/v1/jobs", tokAlice, spec, &out); code != http.StatusCreated || out.Count != 6 {
+		t.Fatalf("submit array: %d %+v", code, out)
+	}
+	h.cycle()
+	if resp := a.sync(); len(resp.Start) != 2 || resp.Start[0].Job != out.Jobs[0] || resp.Start[1].Job != out.Jobs[1] {
+		t.Fatalf("starts %+v, want elements 0 and 1", resp.Start)
+	}
+	j := h.job(out.Jobs[2])
+	if j.ArrayLimit != 2 || j.Pending == nil || j.Pending.Code != sched.ReasonArrayLimit ||
+		!strings.Contains(j.Pending.Message, "array "+out.ArrayID+" runs 2 elements at once, its limit (%2)") {
+		t.Fatalf("element 2: limit %d, reason %+v", j.ArrayLimit, j.Pending)
+	}
+	wantVerdict(t, h.explain(tokAlice, out.Jobs[2]), report.VerdictArrayLimit, "array "+out.ArrayID, "at most 2")
+
+	a.sync() // elements 0 and 1 run
+	h.cycle()
+	if resp := a.sync(); len(resp.Start) != 0 {
+		t.Fatalf("%d more started while two run, want none", len(resp.Start))
+	}
+	a.exit(out.Jobs[0], 0, "")
+	a.sync()
+	h.cycle()
+	if resp := a.sync(); len(resp.Start) != 1 || resp.Start[0].Job != out.Jobs[2] {
+		t.Fatalf("after element 0 ended: starts %+v, want element 2 alone", resp.Start)
+	}
+
+	// After a restart the limit still holds (a new agent: the broker
+	// requeues what ran on the old one, then starts two again).
+	h.restart()
+	a = h.agent("node-a", 8)
+	for range 3 {
+		a.sync()
+		h.cycle()
+	}
+	if resp := a.sync(); len(a.started) != 2 || len(resp.Start) != 0 {
+		t.Fatalf("after a restart %d started (%+v), want 2", len(a.started), resp.Start)
 	}
 }

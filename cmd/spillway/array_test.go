@@ -12,7 +12,7 @@ import (
 func TestArrayCLI(t *testing.T) {
 	_, url := cliBroker(t)
 	spec := writeSpec(t, "name: shards\nresources: {gpus: 1}\ncommand: [\"true\"]\n")
-	out, errOut, code := runCLI(t, url, cliUser, "submit", "-f", spec, "--array", "0-2")
+	out, errOut, code := runCLI(t, url, cliUser, "submit", "-f", spec, "--array", "0-2%2")
 	m := regexp.MustCompile(`submitted array (\w{26}): 3 jobs, (\w{26}) \(index 0\)`).FindStringSubmatch(out)
 	if code != 0 || m == nil {
 		t.Fatalf("submit --array: %d %q %q", code, out, errOut)
@@ -28,7 +28,7 @@ func TestArrayCLI(t *testing.T) {
 			t.Fatalf("jobs --array does not show %s:\n%s", name, out)
 		}
 	}
-	if out, _, _ = runCLI(t, url, cliUser, "status", first); !regexp.MustCompile(`Array:\s+` + array + `, index 0\n`).MatchString(out) {
+	if out, _, _ = runCLI(t, url, cliUser, "status", first); !regexp.MustCompile(`Array:\s+` + array + `, index 0 \(at most 2 running at once\)\n`).MatchString(out) {
 		t.Fatalf("status of an element:\n%s", out)
 	}
 

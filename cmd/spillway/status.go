@@ -51,7 +51,11 @@ func printStatus(g *globals, j *broker.Job) {
 		fmt.Fprintf(w, "Idle:\tsince %s: its GPUs hold memory but compute almost nothing\n", j.IdleSince.Local().Format("2006-01-02 15:04"))
 	}
 	if j.ArrayIndex != nil {
-		fmt.Fprintf(w, "Array:\t%s, index %d\n", j.ArrayID, *j.ArrayIndex)
+		limit := ""
+		if j.ArrayLimit > 0 {
+			limit = fmt.Sprintf(" (at most %d running at once)", j.ArrayLimit)
+		}
+		fmt.Fprintf(w, "Array:\t%s, index %d%s\n", j.ArrayID, *j.ArrayIndex, limit)
 	}
 	fmt.Fprintf(w, "Team / project:\t%s / %s\n", j.Spec.Team, dash(j.Spec.Project))
 	fmt.Fprintf(w, "User:\t%s\n", j.User)

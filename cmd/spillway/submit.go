@@ -56,6 +56,6 @@ func submitCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "job spec file, or - for standard input")
-	cmd.Flags().StringVar(&array, "array", "", "submit one job per index, as Slurm's --array: 0-999, 1,3,5-7 or 0-15:4 (each job reads its index from SPILLWAY_ARRAY_INDEX)")
+	cmd.Flags().StringVar(&array, "array", "", "submit one job per index, as Slurm's --array: 0-999, 1,3,5-7 or 0-15:4, and %N for at most N running at once (0-999%10); each job reads its index from SPILLWAY_ARRAY_INDEX")
 	return cmd
 }
