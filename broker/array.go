@@ -25,8 +25,8 @@ func ParseArray(s string) ([]int, int, error) {
 	s, limitText, hasLimit := strings.Cut(s, "%")
 	limit := 0
 	if hasLimit {
-		n, err := strconv.Atoi(limitText)
-		if err != nil || n < 1 || n > MaxArraySize || strings.TrimSpace(limitText) != limitText || limitText[0] == '+' {
+		n, err := arrayIndex(limitText)
+		if err != nil || n < 1 || n > MaxArraySize {
 			return nil, 0, fmt.Errorf("%%%s: the most elements running at once must be a whole number from 1 to %d", clip(limitText), MaxArraySize)
 		}
 		limit = n

@@ -184,7 +184,8 @@ type project struct {
 	limit    int
 }
 
-func (p *project) effective() int { return p.used - p.stopping }
+func (p *project) effective() int  { return p.used - p.stopping }
+func (p *project) borrowing() bool { return p.effective() > p.guar }
 
 // arrayUse is one array with a limit on its elements running at once:
 // the limit, and its elements holding cards (running, starting, stopping,
@@ -216,7 +217,6 @@ func (c *cycle) arrayOf(id string, limit int) int32 {
 	c.arrays = append(c.arrays, arrayUse{id: id, limit: limit})
 	return i
 }
-func (p *project) borrowing() bool { return p.effective() > p.guar }
 
 type queue struct {
 	name     string

@@ -84,15 +84,13 @@ func (s *Server) cancelArray(c echo.Context) error {
 	p := principal(c)
 	ctx := c.Request().Context()
 	var elems []*broker.Job
-	if broker.ValidArrayID(id) {
-		err := s.store.View(ctx, func(tx broker.Tx) error {
-			var err error
-			elems, _, err = broker.ListJobs(tx, broker.JobFilter{Array: id, Limit: broker.MaxArraySize})
-			return err
-		})
-		if err != nil {
-			return err
-		}
+	err := s.store.View(ctx, func(tx broker.Tx) error {
+		var err error // an id that is no array's finds none
+		elems, _, err = broker.ListJobs(tx, broker.JobFilter{Array: id, Limit: broker.MaxArraySize})
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if len(elems) == 0 || !canSeeTeam(p, elems[0].Spec.Team) {
 		return newError(http.StatusNotFound, "not_found", "array %s not found", clip(id))
