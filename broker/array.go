@@ -82,6 +82,28 @@ func parseIndexes(s string) ([]int, error) {
 	return out, nil
 }
 
+// FormatIndexes writes ascending indexes as ParseArray reads them, runs
+// of consecutive ones as ranges: [0 1 2 3 7 9 10] is "0-3,7,9-10".
+func FormatIndexes(idx []int) string {
+	var b strings.Builder
+	for i := 0; i < len(idx); {
+		k := i
+		for k+1 < len(idx) && idx[k+1] == idx[k]+1 {
+			k++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(idx[i]))
+		if k > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(idx[k]))
+		}
+		i = k + 1
+	}
+	return b.String()
+}
+
 // ValidArrayID reports whether id has the shape of an array's id (and a
 // job's): 26 characters of Crockford's base 32, as ULIDs are written.
 func ValidArrayID(id string) bool {

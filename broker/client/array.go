@@ -75,3 +75,35 @@ func (c *Client) SubmitArraySpec(ctx context.Context, s broker.Spec, array strin
 	}
 	return c.SubmitArray(ctx, raw, array)
 }
+
+// Array is one array at a glance: its elements by state, those waiting
+// and why.
+func (c *Client) Array(ctx context.Context, arrayID string) (*api.ArrayView, error) {
+	var out api.ArrayView
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/arrays/"+url.PathEscape(arrayID), nil, "", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ArrayControl holds ("hold") or releases ("release") every waiting
+// element of an array.
+func (c *Client) ArrayControl(ctx context.Context, arrayID, action, reason string) (*api.ArrayChanged, error) {
+	raw, _ := json.Marshal(api.ControlRequest{Reason: reason})
+	var out api.ArrayChanged
+	if err := c.getJSON(ctx, http.MethodPost, "/v1/arrays/"+url.PathEscape(arrayID)+"/"+action, bytes.NewReader(raw), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SetArrayLimit sets the most elements of an array running at once (0:
+// no limit).
+func (c *Client) SetArrayLimit(ctx context.Context, arrayID string, limit int, reason string) (*api.ArrayChanged, error) {
+	raw, _ := json.Marshal(api.ArrayLimitRequest{Limit: &limit, Reason: reason})
+	var out api.ArrayChanged
+	if err := c.getJSON(ctx, http.MethodPut, "/v1/arrays/"+url.PathEscape(arrayID)+"/limit", bytes.NewReader(raw), "application/json", &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

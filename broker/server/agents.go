@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"regexp"
 	"runtime/trace"
 	"strconv"
@@ -42,9 +43,32 @@ func decodeBody(c echo.Context, limit int64, v any) error {
 		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return errBadRequest(te.Field, broker.CodeWrongType, "must be %s, not a JSON %s", jsonKind(te.Type), te.Value)
+		}
 		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
 	}
 	return nil
+}
+
+// jsonKind names a Go type as the JSON a caller should have sent.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	default:
+		return "an object"
+	}
 }
 
 // register handles an agent process start: a new generation for the node,

@@ -5,12 +5,14 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/sched"
 )
 
 // submitArray stores one job per index of an array spec, all in one
@@ -76,31 +78,88 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 	return c.JSON(http.StatusCreated, out)
 }
 
-// cancelArray cancels every element of an array that has not ended, in
-// one commit, as Slurm's scancel does given an array's id: waiting ones end
-// at once, running ones get their checkpoint signal, grace and kill.
-func (s *Server) cancelArray(c echo.Context) error {
+// loadArray reads the elements of the array named by the path's id, in
+// index order; an id that names no array, or another team's, is "not
+// found", as a job's is.
+func (s *Server) loadArray(c echo.Context) (string, []*broker.Job, error) {
 	id := c.Param("id")
-	p := principal(c)
-	ctx := c.Request().Context()
 	var elems []*broker.Job
-	err := s.store.View(ctx, func(tx broker.Tx) error {
+	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
 		var err error // an id that is no array's finds none
 		elems, _, err = broker.ListJobs(tx, broker.JobFilter{Array: id, Limit: broker.MaxArraySize})
 		return err
 	})
 	if err != nil {
+		return "", nil, err
+	}
+	if len(elems) == 0 || !canSeeTeam(principal(c), elems[0].Spec.Team) {
+		return "", nil, newError(http.StatusNotFound, "not_found", "array %s not found", clip(id))
+	}
+	slices.Reverse(elems) // the listing is newest first: highest index first
+	return id, elems, nil
+}
+
+// getArray answers GET /v1/arrays/{id}: the array at a glance, as
+// Slurm's squeue shows an array's pending elements on one line.
+func (s *Server) getArray(c echo.Context) error {
+	id, elems, err := s.loadArray(c)
+	if err != nil {
 		return err
 	}
-	if len(elems) == 0 || !canSeeTeam(p, elems[0].Spec.Team) {
-		return newError(http.StatusNotFound, "not_found", "array %s not found", clip(id))
+	s.overlayReasons(elems)
+	return c.JSON(http.StatusOK, arrayView(id, elems))
+}
+
+// arrayView sums up an array's elements (in index order).
+func arrayView(id string, elems []*broker.Job) api.ArrayView {
+	first := elems[0]
+	v := api.ArrayView{ArrayID: id, Name: first.Spec.Name, Team: first.Spec.Team, Queue: first.Spec.Queue,
+		Priority: first.Spec.Priority, User: first.User, GPUs: first.TotalGPUs(), SubmittedAt: first.SubmittedAt,
+		Count: len(elems), States: map[broker.State]int{}, Waiting: map[string]int{}}
+	var pending, all []int
+	for _, j := range elems {
+		v.States[j.State]++
+		if j.ArrayIndex != nil {
+			all = append(all, *j.ArrayIndex)
+		}
+		if !j.State.Terminal() {
+			v.Limit = j.ArrayLimit // the active elements carry the array's limit now
+		}
+		if j.State != broker.StatePending {
+			continue
+		}
+		if j.ArrayIndex != nil {
+			pending = append(pending, *j.ArrayIndex)
+		}
+		if j.Hold != nil {
+			v.Held++
+		}
+		code := "waiting"
+		if j.Pending != nil && j.Pending.Code != "" {
+			code = j.Pending.Code
+		}
+		v.Waiting[code]++
 	}
+	v.Indexes, v.PendingIndexes = broker.FormatIndexes(all), broker.FormatIndexes(pending)
+	return v
+}
+
+// cancelArray cancels every element of an array that has not ended, in
+// one commit, as Slurm's scancel does given an array's id: waiting ones end
+// at once, running ones get their checkpoint signal, grace and kill.
+func (s *Server) cancelArray(c echo.Context) error {
+	id, elems, err := s.loadArray(c)
+	if err != nil {
+		return err
+	}
+	p := principal(c)
+	ctx := c.Request().Context()
 	out := api.ArrayCancelled{ArrayID: id, Count: len(elems), Cancelled: []string{}, Stopping: []string{}}
 	s.lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 	var changed []*broker.Job
-	for _, e := range slices.Backward(elems) { // the listing is newest first: highest index first
+	for _, e := range elems {
 		cur := s.view.Job(e.ID)
 		if cur == nil {
 			out.Ended++
@@ -131,6 +190,135 @@ func (s *Server) cancelArray(c echo.Context) error {
 	}
 	s.log.Info("job array cancel requested", "array", id, "by", p.Name, "cancelled", len(out.Cancelled),
 		"stopping", len(out.Stopping), "ended_before", out.Ended)
+	return c.JSON(http.StatusOK, out)
+}
+
+// arrayControl handles POST /v1/arrays/{id}/hold and /release, as
+// Slurm's scontrol hold and release given an array's id: every waiting
+// element is held (or released) in one commit; elements that run or
+// ended are left as they are.
+func (s *Server) arrayControl(action string) echo.HandlerFunc {
+	hold := action == "hold"
+	return func(c echo.Context) error {
+		req, err := readControl(c)
+		if err != nil {
+			return err
+		}
+		return s.changeArray(c, "array."+action, func(j *broker.Job, by string, now time.Time) (string, bool) {
+			if j.State != broker.StatePending {
+				return "", false
+			}
+			return setHold(j, hold, by, req.Reason, now)
+		}, func(view api.ArrayView, changed int) (string, string, error) {
+			if view.States[broker.StatePending] == 0 {
+				return "", "", newError(http.StatusConflict, "conflict", "array %s has no waiting jobs to %s (only a waiting job can be held; cancel the others)", view.ArrayID, action)
+			}
+			return "", fmt.Sprintf("%sd %d jobs%s", map[bool]string{true: "hel", false: "release"}[hold], changed, reasonSuffix(req.Reason)), nil
+		})
+	}
+}
+
+// setArrayLimit handles PUT /v1/arrays/{id}/limit: the most elements of
+// the array running at once from now on (0: no limit), as Slurm's
+// scontrol update ArrayTaskThrottle. Elements already running above a
+// lowered limit go on; no more start until fewer run.
+func (s *Server) setArrayLimit(c echo.Context) error {
+	var req api.ArrayLimitRequest
+	if err := decodeBody(c, 4096, &req); err != nil {
+		return err
+	}
+	switch {
+	case req.Limit == nil:
+		return errBadRequest("limit", broker.CodeRequired, "is required: the most elements running at once, or 0 for no limit")
+	case *req.Limit < 0 || *req.Limit > broker.MaxArraySize:
+		return errBadRequest("limit", broker.CodeOutOfRange, "must be a whole number from 0 (no limit) to %d", broker.MaxArraySize)
+	case len(req.Reason) > 200:
+		return errBadRequest("reason", broker.CodeTooLong, "must be at most 200 characters")
+	}
+	limit := *req.Limit
+	var old int
+	return s.changeArray(c, "array.limit", func(j *broker.Job, by string, now time.Time) (string, bool) {
+		old = j.ArrayLimit
+		if j.ArrayLimit == limit {
+			return "", false
+		}
+		j.ArrayLimit = limit
+		return fmt.Sprintf("array limit %s → %s by %s%s", limitText(old), limitText(limit), by, reasonSuffix(req.Reason)), true
+	}, func(view api.ArrayView, changed int) (string, string, error) {
+		if view.Active() == 0 {
+			return "", "", newError(http.StatusConflict, "conflict", "array %s already ended (%d jobs)", view.ArrayID, view.Count)
+		}
+		return limitText(old), limitText(limit), nil
+	})
+}
+
+// limitText is an array limit as people read it.
+func limitText(n int) string {
+	if n == 0 {
+		return "none"
+	}
+	return "%" + strconv.Itoa(n)
+}
+
+// changeArray applies change to a copy of every element of the array
+// that has not ended and commits the elements it changed, with one audit
+// record, in one commit. change edits j and says what it did (the
+// element's history detail), or false to leave it. check sees the array
+// as it was and how many elements changed, and says the audit record's
+// old and new values, or refuses the call. The answer is the array as it
+// is now, with the ids changed.
+func (s *Server) changeArray(c echo.Context, action string, change func(j *broker.Job, by string, now time.Time) (string, bool),
+	check func(view api.ArrayView, changed int) (string, string, error)) error {
+	id, elems, err := s.loadArray(c)
+	if err != nil {
+		return err
+	}
+	p := principal(c)
+	ctx := c.Request().Context()
+	s.lock()
+	defer s.mu.Unlock()
+	if err := s.checkLeaderLocked(); err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	var changed []*broker.Job
+	for k, e := range elems {
+		cur := s.view.Job(e.ID)
+		if cur == nil {
+			continue // ended: the store's record is the last word
+		}
+		jj := cloneJob(cur)
+		elems[k] = jj
+		detail, ok := change(jj, p.Name, now)
+		if !ok {
+			continue
+		}
+		jj.History = append(jj.History, broker.Transition{At: now, From: jj.State, To: jj.State, Reason: action[len("array."):], Detail: detail})
+		changed = append(changed, jj)
+	}
+	view := arrayView(id, elems)
+	oldVal, newVal, err := check(view, len(changed))
+	if err != nil {
+		return err
+	}
+	rec := broker.AuditRecord{At: now, By: p.Name, Action: action, Target: id, Old: oldVal, New: newVal}
+	if err := s.commitLocked(ctx, changed, nil, func(tx broker.Tx) error { return broker.Audit(tx, rec) }); err != nil {
+		return err
+	}
+	out := api.ArrayChanged{ArrayID: id, Changed: make([]string, 0, len(changed))}
+	for _, j := range changed {
+		out.Changed = append(out.Changed, j.ID)
+		switch {
+		case action == "array.hold":
+			s.view.SetReason(j.ID, sched.FixedReason(*j.Pending))
+		case action == "array.release":
+			s.view.DropReason(j.ID)
+		}
+	}
+	s.log.Info("job array "+action[len("array."):], "array", id, "by", p.Name, "changed", len(changed), "old", oldVal, "new", newVal)
+	s.kick()
+	s.overlayReasonsLocked(elems)
+	out.Array = arrayView(id, elems)
 	return c.JSON(http.StatusOK, out)
 }
 

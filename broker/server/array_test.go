@@ -260,3 +260,148 @@ func TestArrayLimitRunsAtMostN(t *testing.T) {
 		t.Fatalf("after a restart %d started (%+v), want 2", len(a.started), resp.Start)
 	}
 }
+
+// TestArrayHoldReleaseLimit: an array's id holds and releases its waiting
+// elements in one call (running ones go on), its limit changes after
+// submit (lowered, raised, lifted with 0), and GET /v1/arrays/ID sums it
+// up: elements by state, the indexes still waiting and why. Each change
+// is in every changed element's history and in the audit log; bad limits
+// name the field; another team sees no such array.
+func TestArrayHoldReleaseLimit(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("node-a", 8)
+	var out api.ArraySubmitted
+	spec := `{"name":"sweep","resources":{"gpus":1},"timeout":"1h","command":["python","eval.py"],"array":"0-5%2"}`
+	if code := h.do("POST", "/v1/jobs", tokAlice, spec, &out); code != http.StatusCreated {
+		t.Fatalf("submit array: %d", code)
+	}
+	arr := "/v1/arrays/" + out.ArrayID
+	h.cycle()
+	a.sync() // elements 0 and 1 start
+	h.cycle()
+
+	var v api.ArrayView
+	if code := h.do("GET", arr, tokAlice, nil, &v); code != http.StatusOK {
+		t.Fatalf("get array: %d", code)
+	}
+	if v.Count != 6 || v.Limit != 2 || v.Name != "sweep" || v.Team != "nlp" || v.GPUs != 1 || v.Indexes != "0-5" ||
+		v.PendingIndexes != "2-5" || v.States[broker.StatePending] != 4 || v.Waiting[sched.ReasonArrayLimit] != 4 || v.Held != 0 {
+		t.Fatalf("array view %+v", v)
+	}
+	for _, c := range []struct{ method, path, tok string }{
+		{"GET", arr, tokBob}, {"POST", arr + "/hold", tokBob}, {"PUT", arr + "/limit", tokBob},
+		{"GET", "/v1/arrays/" + out.Jobs[0], tokAlice}, {"POST", "/v1/arrays/not-an-array/hold", tokAlice},
+	} {
+		if code := h.do(c.method, c.path, c.tok, `{"limit":1}`, nil); code != http.StatusNotFound {
+			t.Fatalf("%s %s as %s: %d, want 404", c.method, c.path, c.tok, code)
+		}
+	}
+
+	var ch api.ArrayChanged
+	if code := h.do("POST", arr+"/hold", tokAlice, `{"reason":"bad data in shards 2-5"}`, &ch); code != http.StatusOK ||
+		!slices.Equal(ch.Changed, out.Jobs[2:]) || ch.Array.Held != 4 || ch.Array.Waiting["held"] != 4 {
+		t.Fatalf("hold: %d %+v", code, ch)
+	}
+	j := h.job(out.Jobs[3])
+	if j.Hold == nil || j.Hold.Reason != "bad data in shards 2-5" || j.Pending == nil || j.Pending.Code != "held" ||
+		!strings.Contains(j.Pending.Message, "spillway job release "+out.ArrayID) {
+		t.Fatalf("held element: hold %+v, reason %+v", j.Hold, j.Pending)
+	}
+	if code := h.do("POST", arr+"/hold", tokAlice, nil, &ch); code != http.StatusOK || len(ch.Changed) != 0 {
+		t.Fatalf("hold again: %d %+v", code, ch)
+	}
+	a.exit(out.Jobs[0], 0, "")
+	a.sync()
+	h.cycle()
+	if resp := a.sync(); len(resp.Start) != 0 {
+		t.Fatalf("%d held elements started", len(resp.Start))
+	}
+
+	// A limit of 3, then release: one more starts (element 1 runs).
+	if code := h.do("PUT", arr+"/limit", tokAlice, `{"limit":3,"reason":"more cards free"}`, &ch); code != http.StatusOK ||
+		!slices.Equal(ch.Changed, out.Jobs[1:]) || ch.Array.Limit != 3 {
+		t.Fatalf("limit 3: %d %+v", code, ch)
+	}
+	if j := h.job(out.Jobs[0]); j.ArrayLimit != 2 {
+		t.Fatalf("the ended element's limit changed: %d", j.ArrayLimit)
+	}
+	if code := h.do("POST", arr+"/release", tokAlice, nil, &ch); code != http.StatusOK || !slices.Equal(ch.Changed, out.Jobs[2:]) || ch.Array.Held != 0 {
+		t.Fatalf("release: %d %+v", code, ch)
+	}
+	h.cycle()
+	if resp := a.sync(); len(resp.Start) != 2 || resp.Start[0].Job != out.Jobs[2] || resp.Start[1].Job != out.Jobs[3] {
+		t.Fatalf("after release with limit 3: starts %+v, want elements 2 and 3", resp.Start)
+	}
+	h.cycle()
+	if code := h.do("GET", arr, tokAlice, nil, &v); code != http.StatusOK || v.PendingIndexes != "4-5" ||
+		v.Waiting[sched.ReasonArrayLimit] != 2 || v.States[broker.StateSucceeded] != 1 || v.Active() != 5 {
+		t.Fatalf("array view after release: %d %+v", code, v)
+	}
+
+	// Lowered below what runs: the three go on, none more starts; lifted:
+	// the rest start.
+	if code := h.do("PUT", arr+"/limit", tokAlice, `{"limit":1}`, &ch); code != http.StatusOK || len(ch.Changed) != 5 {
+		t.Fatalf("limit 1: %d %+v", code, ch)
+	}
+	h.cycle()
+	if resp := a.sync(); len(resp.Start) != 0 || len(resp.Stop) != 0 {
+		t.Fatalf("limit 1 with three running: starts %+v, stops %+v", resp.Start, resp.Stop)
+	}
+	if code := h.do("PUT", arr+"/limit", tokAlice, `{"limit":0}`, &ch); code != http.StatusOK || ch.Array.Limit != 0 {
+		t.Fatalf("limit 0: %d %+v", code, ch)
+	}
+	h.cycle()
+	if resp := a.sync(); len(resp.Start) != 2 {
+		t.Fatalf("after the limit was lifted: %d starts, want 2", len(resp.Start))
+	}
+	var changes []string
+	for _, tr := range h.job(out.Jobs[5]).History {
+		if tr.From == broker.StatePending && tr.To == broker.StatePending {
+			changes = append(changes, tr.Reason+": "+tr.Detail)
+		}
+	}
+	if want := []string{"hold: held by alice (bad data in shards 2-5)", "limit: array limit %2 → %3 by alice (more cards free)",
+		"release: released by alice", "limit: array limit %3 → %1 by alice", "limit: array limit %1 → none by alice"}; !slices.Equal(changes, want) {
+		t.Fatalf("element 5's history:\n%s\nwant\n%s", strings.Join(changes, "\n"), strings.Join(want, "\n"))
+	}
+
+	if code := h.do("POST", arr+"/hold", tokAlice, nil, nil); code != http.StatusConflict {
+		t.Fatalf("hold with nothing waiting: %d, want 409", code)
+	}
+	for body, field := range map[string]string{`{}`: "limit", `{"limit":-1}`: "limit", `{"limit":10001}`: "limit", `{"limit":"3"}`: "limit"} {
+		var bad struct {
+			Error struct{ Field, Message string }
+		}
+		if code := h.do("PUT", arr+"/limit", tokAlice, body, &bad); code != http.StatusBadRequest || bad.Error.Field != field {
+			t.Fatalf("limit %s: %d %+v", body, code, bad)
+		}
+	}
+	if code := h.do("POST", arr+"/cancel", tokAlice, nil, nil); code != http.StatusOK {
+		t.Fatalf("cancel: %d", code)
+	}
+	a.sync()
+	for _, id := range out.Jobs[1:] {
+		a.exit(id, 143, "SIGTERM")
+	}
+	a.sync()
+	if code := h.do("PUT", arr+"/limit", tokAlice, `{"limit":2}`, nil); code != http.StatusConflict {
+		t.Fatalf("limit of an ended array: %d, want 409", code)
+	}
+	assertAudit(t, h, "array.hold", "array.release", "array.limit")
+}
+
+func TestFormatIndexes(t *testing.T) {
+	for _, c := range []struct {
+		in   []int
+		want string
+	}{{nil, ""}, {[]int{4}, "4"}, {[]int{0, 1, 2, 3, 7, 9, 10}, "0-3,7,9-10"}, {[]int{0, 2, 4}, "0,2,4"}} {
+		if got := broker.FormatIndexes(c.in); got != c.want {
+			t.Errorf("FormatIndexes(%v) = %q, want %q", c.in, got, c.want)
+		}
+		if c.want != "" {
+			if back, _, err := broker.ParseArray(c.want); err != nil || !slices.Equal(back, c.in) {
+				t.Errorf("ParseArray(%q) = %v, %v", c.want, back, err)
+			}
+		}
+	}
+}

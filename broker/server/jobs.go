@@ -236,6 +236,11 @@ func (s *Server) overlayReasons(jobs []*broker.Job) {
 	}
 	s.lock()
 	defer s.mu.Unlock()
+	s.overlayReasonsLocked(jobs)
+}
+
+// overlayReasonsLocked is overlayReasons under the broker's lock.
+func (s *Server) overlayReasonsLocked(jobs []*broker.Job) {
 	for _, j := range jobs {
 		if j.State != broker.StatePending && j.State != broker.StateProvisioning {
 			continue

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
@@ -118,22 +119,18 @@ func (s *Server) jobControl(action string) echo.HandlerFunc {
 		j := cloneJob(old)
 		var from, to, detail string
 		switch action {
-		case "hold":
-			if j.State != broker.StatePending {
+		case "hold", "release":
+			if j.State != broker.StatePending && action == "hold" {
 				return newError(http.StatusConflict, "conflict", "job %s is %s: only a pending job can be held (cancel it instead)", j.ID, j.State)
 			}
-			if j.Hold != nil {
+			var changed bool
+			if detail, changed = setHold(j, action == "hold", p.Name, req.Reason, now); !changed {
 				return c.JSON(http.StatusOK, j)
 			}
-			j.Hold = &broker.Hold{By: p.Name, At: now, Reason: req.Reason}
-			j.Pending = &broker.PendingReason{Code: "held", Message: fmt.Sprintf("held by %s%s; spillway job release %s", p.Name, reasonSuffix(req.Reason), j.ID)}
-			from, to, detail = "released", "held", "held by "+p.Name+reasonSuffix(req.Reason)
-		case "release":
-			if j.Hold == nil {
-				return c.JSON(http.StatusOK, j)
+			from, to = "released", "held"
+			if action == "release" {
+				from, to = to, from
 			}
-			j.Hold, j.Pending = nil, nil
-			from, to, detail = "held", "released", "released by "+p.Name
 		case "priority":
 			if p.Role != config.RoleOperator {
 				return errForbidden("only operators change a job's priority")
@@ -159,6 +156,26 @@ func (s *Server) jobControl(action string) echo.HandlerFunc {
 		s.kick()
 		return c.JSON(http.StatusOK, j)
 	}
+}
+
+// setHold holds (hold true) or releases the pending job j, a copy the
+// caller commits, and says so for its history; false when j already is
+// as asked.
+func setHold(j *broker.Job, hold bool, by, reason string, now time.Time) (string, bool) {
+	if (j.Hold != nil) == hold {
+		return "", false
+	}
+	if !hold {
+		j.Hold, j.Pending = nil, nil
+		return "released by " + by, true
+	}
+	j.Hold = &broker.Hold{By: by, At: now, Reason: reason}
+	release := "spillway job release " + j.ID
+	if j.ArrayID != "" {
+		release += " (or the whole array: spillway job release " + j.ArrayID + ")"
+	}
+	j.Pending = &broker.PendingReason{Code: "held", Message: fmt.Sprintf("held by %s%s; %s", by, reasonSuffix(reason), release)}
+	return "held by " + by + reasonSuffix(reason), true
 }
 
 func reasonSuffix(r string) string {

@@ -32,6 +32,38 @@ func TestArrayCLI(t *testing.T) {
 		t.Fatalf("status of an element:\n%s", out)
 	}
 
+	// The array at a glance, held, released, and its limit changed.
+	out, errOut, code = runCLI(t, url, cliUser, "status", array)
+	for _, want := range []string{`Array:\s+` + array + ` \(shards\)\n`, `Jobs:\s+3, indexes 0-2\n`, `Limit:\s+at most 2 running at once\n`,
+		`States:\s+3 pending\n`, `Waiting:\s+indexes 0-2 \(`, `Team / queue / priority:\s+nlp / default / medium\n`} {
+		if code != 0 || !regexp.MustCompile(want).MatchString(out) {
+			t.Fatalf("status ARRAY lacks %s: %d\n%s%s", want, code, out, errOut)
+		}
+	}
+	out, errOut, code = runCLI(t, url, cliUser, "job", "hold", array, "--reason", "input not ready")
+	if code != 0 || out != "array "+array+": 3 held; 3 pending (3 held)\n" {
+		t.Fatalf("job hold ARRAY: %d %q %q", code, out, errOut)
+	}
+	if out, _, _ = runCLI(t, url, cliUser, "status", array); !regexp.MustCompile(`Waiting:\s+indexes 0-2 \(held 3\)\n`).MatchString(out) {
+		t.Fatalf("status of a held array:\n%s", out)
+	}
+	if out, _, _ = runCLI(t, url, cliUser, "status", first); !strings.Contains(out, "held by alice (input not ready); spillway job release "+first+" (or the whole array: spillway job release "+array+")") {
+		t.Fatalf("status of a held element:\n%s", out)
+	}
+	out, errOut, code = runCLI(t, url, cliUser, "job", "release", array)
+	if code != 0 || out != "array "+array+": 3 released; 3 pending\n" {
+		t.Fatalf("job release ARRAY: %d %q %q", code, out, errOut)
+	}
+	out, errOut, code = runCLI(t, url, cliUser, "job", "limit", array, "1")
+	if code != 0 || out != "array "+array+": at most 1 running at once; 3 pending\n" {
+		t.Fatalf("job limit ARRAY 1: %d %q %q", code, out, errOut)
+	}
+	for _, c := range []struct{ n, want string }{{"x", "N: \"x\" is not a whole number"}, {"10001", "limit: must be a whole number from 0 (no limit) to 10000"}} {
+		if _, errOut, code = runCLI(t, url, cliUser, "job", "limit", array, c.n); code == 0 || !strings.Contains(errOut, c.want) {
+			t.Fatalf("job limit ARRAY %s: %d %q", c.n, code, errOut)
+		}
+	}
+
 	out, errOut, code = runCLI(t, url, cliUser, "cancel", array)
 	if code != 0 || out != "array "+array+": 3 cancelled, 0 stopping, 0 had ended (3 jobs)\n" {
 		t.Fatalf("cancel ARRAY: %d %q %q", code, out, errOut)

@@ -1,26 +1,89 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/client"
 )
 
 func statusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "status JOB",
-		Short: "Show a job: its spec, where it runs or why it waits, and its whole history",
-		Args:  cobra.ExactArgs(1),
+		Use:   "status JOB|ARRAY",
+		Short: "Show a job: its spec, where it runs or why it waits, and its whole history; or an array at a glance",
+		Long: `Show a job by id (or a unique prefix of one). Given an array's id (the
+one "spillway submit --array" prints), show the array at a glance: its
+elements by state, the indexes still waiting and why.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return show(g, cmd, func(c *client.Client) (*broker.Job, error) { return c.Job(cmd.Context(), args[0]) },
-				func(j *broker.Job) error { printStatus(g, j); return nil })
+			id := args[0]
+			var array *api.ArrayView
+			err := show(g, cmd, func(c *client.Client) (*broker.Job, error) {
+				j, err := c.Job(cmd.Context(), id)
+				if isNotFound(err) && broker.ValidArrayID(id) {
+					// Not a job: an array's id?
+					a, aerr := c.Array(cmd.Context(), id)
+					if aerr == nil {
+						array = a
+						return nil, errIsArray
+					}
+					if !isNotFound(aerr) {
+						err = aerr
+					}
+				}
+				return j, err
+			}, func(j *broker.Job) error { printStatus(g, j); return nil })
+			if err != errIsArray {
+				return err
+			}
+			if g.json() {
+				return g.printJSON(array)
+			}
+			printArray(g, array)
+			return nil
 		},
 	}
+}
+
+// errIsArray tells status that the id it was given names an array.
+var errIsArray = errors.New("an array")
+
+// printArray shows an array at a glance, as squeue shows an array's
+// waiting elements on one line.
+func printArray(g *globals, a *api.ArrayView) {
+	w := g.table()
+	if a.Name != "" {
+		fmt.Fprintf(w, "Array:\t%s (%s)\n", a.ArrayID, a.Name)
+	} else {
+		fmt.Fprintf(w, "Array:\t%s\n", a.ArrayID)
+	}
+	fmt.Fprintf(w, "Jobs:\t%d, indexes %s\n", a.Count, a.Indexes)
+	limit := "no limit"
+	if a.Limit > 0 {
+		limit = fmt.Sprintf("at most %d running at once", a.Limit)
+	}
+	fmt.Fprintf(w, "Limit:\t%s\n", limit)
+	fmt.Fprintf(w, "States:\t%s\n", arrayCounts(a))
+	if a.PendingIndexes != "" {
+		var why []string
+		for _, code := range slices.Sorted(maps.Keys(a.Waiting)) {
+			why = append(why, fmt.Sprintf("%s %d", code, a.Waiting[code]))
+		}
+		fmt.Fprintf(w, "Waiting:\tindexes %s (%s)\n", a.PendingIndexes, strings.Join(why, ", "))
+	}
+	fmt.Fprintf(w, "Team / queue / priority:\t%s / %s / %s\n", a.Team, a.Queue, a.Priority)
+	fmt.Fprintf(w, "User:\t%s\n", a.User)
+	fmt.Fprintf(w, "GPUs each:\t%d\n", a.GPUs)
+	fmt.Fprintf(w, "Submitted:\t%s\n", a.SubmittedAt.Local().Format(time.DateTime))
+	_ = w.Flush()
 }
 
 func printStatus(g *globals, j *broker.Job) {
