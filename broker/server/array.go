@@ -117,13 +117,20 @@ func arrayView(id string, elems []*broker.Job) api.ArrayView {
 		Priority: first.Spec.Priority, User: first.User, GPUs: first.TotalGPUs(), SubmittedAt: first.SubmittedAt,
 		Count: len(elems), States: map[broker.State]int{}, Waiting: map[string]int{}}
 	var pending, all []int
+	var lastEnd time.Time
+	active := false
 	for _, j := range elems {
 		v.States[j.State]++
 		if j.ArrayIndex != nil {
 			all = append(all, *j.ArrayIndex)
 		}
-		if !j.State.Terminal() {
-			v.Limit = j.ArrayLimit // the active elements carry the array's limit now
+		// The active elements carry the array's limit now; once all have
+		// ended, the last to end carries the last limit set.
+		switch {
+		case !j.State.Terminal():
+			v.Limit, active = j.ArrayLimit, true
+		case !active && j.EndedAt != nil && !j.EndedAt.Before(lastEnd):
+			v.Limit, lastEnd = j.ArrayLimit, *j.EndedAt
 		}
 		if j.State != broker.StatePending {
 			continue

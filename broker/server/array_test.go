@@ -387,6 +387,11 @@ func TestArrayHoldReleaseLimit(t *testing.T) {
 	if code := h.do("PUT", arr+"/limit", tokAlice, `{"limit":2}`, nil); code != http.StatusConflict {
 		t.Fatalf("limit of an ended array: %d, want 409", code)
 	}
+	v = api.ArrayView{}
+	if code := h.do("GET", arr, tokAlice, nil, &v); code != http.StatusOK || v.Active() != 0 || v.PendingIndexes != "" ||
+		v.States[broker.StateCancelled] != 5 || v.Limit != 0 {
+		t.Fatalf("the ended array: %d %+v", code, v)
+	}
 	assertAudit(t, h, "array.hold", "array.release", "array.limit")
 }
 
