@@ -510,8 +510,8 @@ func pendingVerdict(x *api.Explanation) api.ExplainVerdict {
 	case sched.ReasonGang:
 		return verdict(VerdictGang, fmt.Sprintf("The job needs %d nodes with %d free GPUs each in one pool (%s)%s%s; it starts when enough whole nodes free up.%s", c.NeedsNodes, c.NeedsPerNode, r.Message, pos, eta, preflightNote(j)))
 	case sched.ReasonArrayLimit:
-		return verdict(VerdictArrayLimit, fmt.Sprintf("The job is an element of array %s, which runs at most %d of its elements at once (%%%d in its --array)%s; it starts when one of them ends — nothing is wrong with it.",
-			j.ArrayID, j.ArrayLimit, j.ArrayLimit, pos))
+		return verdict(VerdictArrayLimit, fmt.Sprintf("The job is an element of array %s, which runs at most %d of its elements at once (its limit, %%%d)%s; it starts when one of them ends or the limit is raised (spillway job limit %s N) — nothing is wrong with it.",
+			j.ArrayID, j.ArrayLimit, j.ArrayLimit, pos, j.ArrayID))
 	case sched.ReasonNoFit:
 		return verdict(VerdictNoFit, fmt.Sprintf("No ready node can ever hold this job (%s); change its resources (gpuModel, gpus, memory) or ask an operator whether such nodes exist.", r.Message))
 	case burst.CodeBudget:

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"reflect"
 	"regexp"
 	"runtime/trace"
 	"strconv"
@@ -32,43 +31,40 @@ var nodeNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 const lastSeenPersistEvery = 30 * time.Second
 
 func decodeBody(c echo.Context, limit int64, v any) error {
-	raw, err := io.ReadAll(io.LimitReader(c.Request().Body, limit+1))
+	raw, err := readBody(c, limit)
 	if err != nil {
-		return errBadRequest("", "malformed", "read body: %v", err)
-	}
-	if int64(len(raw)) > limit {
-		return errBadRequest("", broker.CodeTooLarge, "body is larger than %d bytes", limit)
+		return err
 	}
 	if err := broker.CheckJSON(raw); err != nil {
 		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return errBadRequest(te.Field, broker.CodeWrongType, "must be %s, not a JSON %s", jsonKind(te.Type), te.Value)
-		}
 		return errBadRequest("", broker.CodeMalformed, "body is not valid JSON: %v", err)
 	}
 	return nil
 }
 
-// jsonKind names a Go type as the JSON a caller should have sent.
-func jsonKind(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Slice, reflect.Array:
-		return "a list"
-	default:
-		return "an object"
+// decodeStrictBody reads a person's request body as a job spec is read
+// (broker.DecodeStrict): a value of the wrong type or an unknown field is
+// refused naming the field.
+func decodeStrictBody(c echo.Context, limit int64, v any) error {
+	raw, err := readBody(c, limit)
+	if err != nil {
+		return err
 	}
+	return broker.DecodeStrict(raw, v)
+}
+
+// readBody reads a request body of at most limit bytes.
+func readBody(c echo.Context, limit int64) ([]byte, error) {
+	raw, err := io.ReadAll(io.LimitReader(c.Request().Body, limit+1))
+	if err != nil {
+		return nil, errBadRequest("", "malformed", "read body: %v", err)
+	}
+	if int64(len(raw)) > limit {
+		return nil, errBadRequest("", broker.CodeTooLarge, "body is larger than %d bytes", limit)
+	}
+	return raw, nil
 }
 
 // register handles an agent process start: a new generation for the node,

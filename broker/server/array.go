@@ -231,7 +231,7 @@ func (s *Server) arrayControl(action string) echo.HandlerFunc {
 // lowered limit go on; no more start until fewer run.
 func (s *Server) setArrayLimit(c echo.Context) error {
 	var req api.ArrayLimitRequest
-	if err := decodeBody(c, 4096, &req); err != nil {
+	if err := decodeStrictBody(c, 4096, &req); err != nil {
 		return err
 	}
 	switch {

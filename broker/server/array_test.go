@@ -368,7 +368,7 @@ func TestArrayHoldReleaseLimit(t *testing.T) {
 	if code := h.do("POST", arr+"/hold", tokAlice, nil, nil); code != http.StatusConflict {
 		t.Fatalf("hold with nothing waiting: %d, want 409", code)
 	}
-	for body, field := range map[string]string{`{}`: "limit", `{"limit":-1}`: "limit", `{"limit":10001}`: "limit", `{"limit":"3"}`: "limit"} {
+	for body, field := range map[string]string{`{}`: "limit", `{"limit":-1}`: "limit", `{"limit":10001}`: "limit", `{"limit":"3"}`: "limit", `{"limit":3,"max":4}`: "max"} {
 		var bad struct {
 			Error struct{ Field, Message string }
 		}

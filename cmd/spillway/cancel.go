@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/client"
 )
 
@@ -27,17 +28,12 @@ has not ended is cancelled, as Slurm's scancel does.`,
 			failed := 0
 			for _, id := range args {
 				j, err := c.Cancel(cmd.Context(), id)
-				if isNotFound(err) && broker.ValidArrayID(id) {
-					// Not a job: an array's id?
-					a, aerr := c.CancelArray(cmd.Context(), id)
-					if aerr == nil {
-						fmt.Fprintf(g.stdout, "array %s: %d cancelled, %d stopping, %d had ended (%d jobs)\n",
-							a.ArrayID, len(a.Cancelled), len(a.Stopping), a.Ended, a.Count)
-						continue
-					}
-					if !isNotFound(aerr) {
-						err = aerr
-					}
+				var a *api.ArrayCancelled
+				isArray, err := asArray(id, err, func() (err error) { a, err = c.CancelArray(cmd.Context(), id); return err })
+				if isArray {
+					fmt.Fprintf(g.stdout, "array %s: %d cancelled, %d stopping, %d had ended (%d jobs)\n",
+						a.ArrayID, len(a.Cancelled), len(a.Stopping), a.Ended, a.Count)
+					continue
 				}
 				if err != nil {
 					fmt.Fprintf(g.stderr, "%s: %v\n", id, err)
@@ -61,6 +57,25 @@ has not ended is cancelled, as Slurm's scancel does.`,
 			}
 			return nil
 		},
+	}
+}
+
+// asArray tries call, the same command for an array, when a command given
+// id found no such job (err is the broker's 404) and id has the shape of
+// an array's id: as with Slurm, an array's id names the whole array.
+// It reports whether call did it; else the error to show: call's, or
+// err when no array has that id either.
+func asArray(id string, err error, call func() error) (bool, error) {
+	if !isNotFound(err) || !broker.ValidArrayID(id) {
+		return false, err
+	}
+	switch aerr := call(); {
+	case aerr == nil:
+		return true, nil
+	case isNotFound(aerr):
+		return false, err
+	default:
+		return false, aerr
 	}
 }
 

@@ -75,16 +75,11 @@ func jobOpsCmd(g *globals) *cobra.Command {
 				}
 				for _, id := range args {
 					j, err := c.JobControl(cmd.Context(), id, action, reason)
-					if isNotFound(err) && broker.ValidArrayID(id) {
-						// Not a job: an array's id (scontrol hold ARRAY)?
-						a, aerr := c.ArrayControl(cmd.Context(), id, action, reason)
-						if aerr == nil {
-							fmt.Fprintf(g.stdout, "array %s: %d %s; %s\n", a.ArrayID, len(a.Changed), done, arrayCounts(&a.Array))
-							continue
-						}
-						if !isNotFound(aerr) {
-							err = aerr
-						}
+					var a *api.ArrayChanged
+					isArray, err := asArray(id, err, func() (err error) { a, err = c.ArrayControl(cmd.Context(), id, action, reason); return err })
+					if isArray {
+						fmt.Fprintf(g.stdout, "array %s: %d %s; %s\n", a.ArrayID, len(a.Changed), done, arrayCounts(&a.Array))
+						continue
 					}
 					if err != nil {
 						return fmt.Errorf("%s: %w", id, err)

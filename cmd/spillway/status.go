@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/api"
-	"github.com/spillway-dev/spillway/broker/client"
 )
 
 func statusCmd(g *globals) *cobra.Command {
@@ -24,37 +22,33 @@ one "spillway submit --array" prints), show the array at a glance: its
 elements by state, the indexes still waiting and why.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id := args[0]
-			var array *api.ArrayView
-			err := show(g, cmd, func(c *client.Client) (*broker.Job, error) {
-				j, err := c.Job(cmd.Context(), id)
-				if isNotFound(err) && broker.ValidArrayID(id) {
-					// Not a job: an array's id?
-					a, aerr := c.Array(cmd.Context(), id)
-					if aerr == nil {
-						array = a
-						return nil, errIsArray
-					}
-					if !isNotFound(aerr) {
-						err = aerr
-					}
-				}
-				return j, err
-			}, func(j *broker.Job) error { printStatus(g, j); return nil })
-			if err != errIsArray {
+			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			if g.json() {
-				return g.printJSON(array)
+			c, err := g.client()
+			if err != nil {
+				return err
 			}
-			printArray(g, array)
+			id := args[0]
+			j, err := c.Job(cmd.Context(), id)
+			var a *api.ArrayView
+			isArray, err := asArray(id, err, func() (err error) { a, err = c.Array(cmd.Context(), id); return err })
+			switch {
+			case err != nil:
+				return err
+			case isArray && g.json():
+				return g.printJSON(a)
+			case isArray:
+				printArray(g, a)
+			case g.json():
+				return g.printJSON(j)
+			default:
+				printStatus(g, j)
+			}
 			return nil
 		},
 	}
 }
-
-// errIsArray tells status that the id it was given names an array.
-var errIsArray = errors.New("an array")
 
 // printArray shows an array at a glance, as squeue shows an array's
 // waiting elements on one line.
