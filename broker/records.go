@@ -87,6 +87,21 @@ type JobFilter struct {
 	// listings come first, ids sort by submit time).
 	Cursor string
 	Limit  int
+	// FoldArrays lists an array's waiting elements as one, as squeue
+	// does: the first one met stands for the others, which go to
+	// JobPage.Folded under the array's id and do not count against
+	// Limit.
+	FoldArrays bool
+}
+
+// JobPage is one page of a listing.
+type JobPage struct {
+	Jobs []*Job
+	// Next is the cursor for the next page, "" when there is none.
+	Next string
+	// Folded are the waiting array elements a listed one stands for
+	// (JobFilter.FoldArrays), by array id.
+	Folded map[string][]*Job
 }
 
 func (f JobFilter) match(j *Job) bool {
@@ -125,22 +140,36 @@ func (f JobFilter) onlyActive() bool {
 }
 
 // ListJobs returns up to f.Limit jobs matching f, newest first, and the
-// cursor for the next page ("" when there is none).
-func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
+// cursor for the next page.
+func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	var out []*Job
-	next := ""
+	var pg JobPage
+	var last string // the oldest id on the page, listed or folded
+	folds := map[string]bool{}
 	visit := func(j *Job) error {
 		if !f.match(j) {
 			return nil
 		}
-		if len(out) == f.Limit {
-			next = out[len(out)-1].ID
+		foldable := f.FoldArrays && j.ArrayID != "" && j.State == StatePending
+		if foldable && folds[j.ArrayID] {
+			if pg.Folded == nil {
+				pg.Folded = map[string][]*Job{}
+			}
+			pg.Folded[j.ArrayID] = append(pg.Folded[j.ArrayID], j)
+			last = j.ID
+			return nil
+		}
+		if len(pg.Jobs) == f.Limit {
+			pg.Next = last
 			return ErrStopScan
 		}
-		out = append(out, j)
+		if foldable {
+			folds[j.ArrayID] = true
+		}
+		pg.Jobs = append(pg.Jobs, j)
+		last = j.ID
 		return nil
 	}
 	decode := func(_ string, raw []byte) error {
@@ -156,7 +185,7 @@ func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
 		// they sort just after it and share its first 10 characters (a
 		// ULID's time), so that range holds them all, and little else.
 		if !ValidArrayID(f.Array) {
-			return nil, "", nil
+			return JobPage{}, nil
 		}
 		to := PrefixEnd(f.Array[:10])
 		if f.Cursor != "" && f.Cursor < to {
@@ -189,9 +218,9 @@ func ListJobs(tx Tx, f JobFilter) ([]*Job, string, error) {
 		err = tx.ScanReverse(BucketJobs, "", f.Cursor, decode)
 	}
 	if err != nil && !errors.Is(err, ErrStopScan) {
-		return nil, "", err
+		return JobPage{}, err
 	}
-	return out, next, nil
+	return pg, nil
 }
 
 // GetNode reads one node, or returns ErrNotFound.

@@ -7,6 +7,11 @@ type JobList struct {
 	Jobs []*broker.Job `json:"jobs"`
 	// Next is the cursor for the following page, "" on the last.
 	Next string `json:"next,omitempty"`
+	// Arrays, when the listing folds arrays (foldArrays=true), sum up
+	// by array id the waiting elements a listed one stands for, itself
+	// included: the others are not listed, as squeue shows an array's
+	// waiting elements on one line.
+	Arrays map[string]ArrayView `json:"arrays,omitempty"`
 }
 
 // Whoami is the body of GET /v1/whoami.

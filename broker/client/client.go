@@ -199,6 +199,8 @@ type ListOptions struct {
 	Cursor string
 	// Array lists only this array's elements.
 	Array string
+	// FoldArrays lists an array's waiting elements as one (JobList.Arrays).
+	FoldArrays bool
 }
 
 // Jobs lists one page of jobs, newest first.
@@ -225,6 +227,9 @@ func (c *Client) Jobs(ctx context.Context, o ListOptions) (*api.JobList, error) 
 	}
 	if o.Array != "" {
 		q.Set("arrayId", o.Array)
+	}
+	if o.FoldArrays {
+		q.Set("foldArrays", "true")
 	}
 	var out api.JobList
 	path := "/v1/jobs"

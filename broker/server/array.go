@@ -85,8 +85,9 @@ func (s *Server) loadArray(c echo.Context) (string, []*broker.Job, error) {
 	id := c.Param("id")
 	var elems []*broker.Job
 	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
-		var err error // an id that is no array's finds none
-		elems, _, err = broker.ListJobs(tx, broker.JobFilter{Array: id, Limit: broker.MaxArraySize})
+		// An id that is no array's finds none.
+		pg, err := broker.ListJobs(tx, broker.JobFilter{Array: id, Limit: broker.MaxArraySize})
+		elems = pg.Jobs
 		return err
 	})
 	if err != nil {

@@ -410,3 +410,82 @@ func TestFormatIndexes(t *testing.T) {
 		}
 	}
 }
+
+// TestListFoldsArrays: with foldArrays=true a listing shows an array's
+// waiting elements as one (the newest stands for the rest, which do not
+// take page slots), and JobList.Arrays sums them up; running elements and
+// other jobs are listed as they are, and the next page starts after the
+// folded ones.
+func TestListFoldsArrays(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("node-a", 2)
+	one := `{"resources":{"gpus":1},"timeout":"1h","command":["true"]}`
+	var older, newer broker.Job
+	if code := h.do("POST", "/v1/jobs", tokAlice, one, &older); code != http.StatusCreated {
+		t.Fatalf("submit: %d", code)
+	}
+	var out api.ArraySubmitted
+	if code := h.do("POST", "/v1/jobs?array=0-5", tokAlice, `{"name":"sweep","resources":{"gpus":1},"timeout":"1h","command":["true"]}`, &out); code != http.StatusCreated {
+		t.Fatalf("submit array: %d", code)
+	}
+	h.cycle()
+	a.sync() // the lone job and element 0 start
+	if code := h.do("POST", "/v1/jobs", tokAlice, one, &newer); code != http.StatusCreated {
+		t.Fatalf("submit: %d", code)
+	}
+	h.cycle()
+
+	list := func(query string) api.JobList {
+		t.Helper()
+		var l api.JobList
+		if code := h.do("GET", "/v1/jobs?"+query, tokAlice, nil, &l); code != http.StatusOK {
+			t.Fatalf("GET /v1/jobs?%s: %d", query, code)
+		}
+		return l
+	}
+	ids := func(l api.JobList) []string {
+		var ids []string
+		for _, j := range l.Jobs {
+			ids = append(ids, j.ID)
+		}
+		return ids
+	}
+	l := list("state=pending,starting,running&foldArrays=true")
+	if want := []string{newer.ID, out.Jobs[5], out.Jobs[0], older.ID}; !slices.Equal(ids(l), want) || l.Next != "" {
+		t.Fatalf("folded listing %v next %q, want %v", ids(l), l.Next, want)
+	}
+	v, ok := l.Arrays[out.ArrayID]
+	waiting := 0
+	for code, n := range v.Waiting {
+		if code == "waiting" {
+			t.Fatalf("folded elements without their reasons: %+v", v.Waiting)
+		}
+		waiting += n
+	}
+	if !ok || len(l.Arrays) != 1 || v.Count != 5 || v.PendingIndexes != "1-5" || v.States[broker.StatePending] != 5 ||
+		waiting != 5 || v.Name != "sweep" || v.Team != "nlp" || v.GPUs != 1 {
+		t.Fatalf("folded array %+v", l.Arrays)
+	}
+	p1 := list("state=pending,starting,running&foldArrays=true&limit=2")
+	if want := []string{newer.ID, out.Jobs[5]}; !slices.Equal(ids(p1), want) || p1.Next != out.Jobs[1] || p1.Arrays[out.ArrayID].Count != 5 {
+		t.Fatalf("page 1 %v next %q arrays %+v", ids(p1), p1.Next, p1.Arrays)
+	}
+	p2 := list("state=pending,starting,running&foldArrays=true&limit=2&cursor=" + p1.Next)
+	if want := []string{out.Jobs[0], older.ID}; !slices.Equal(ids(p2), want) || p2.Next != "" || len(p2.Arrays) != 0 {
+		t.Fatalf("page 2 %v next %q arrays %+v", ids(p2), p2.Next, p2.Arrays)
+	}
+	if l := list("state=pending,starting,running"); len(l.Jobs) != 8 || l.Arrays != nil {
+		t.Fatalf("unfolded listing: %d jobs, arrays %+v", len(l.Jobs), l.Arrays)
+	}
+	if l := list("arrayId=" + out.ArrayID + "&state=pending&foldArrays=true&limit=1"); !slices.Equal(ids(l), []string{out.Jobs[5]}) || l.Arrays[out.ArrayID].PendingIndexes != "1-5" {
+		t.Fatalf("one array folded: %v %+v", ids(l), l.Arrays)
+	}
+	var e struct {
+		Error struct {
+			Field string `json:"field"`
+		} `json:"error"`
+	}
+	if code := h.do("GET", "/v1/jobs?foldArrays=yes", tokAlice, nil, &e); code != http.StatusBadRequest || e.Error.Field != "foldArrays" {
+		t.Fatalf("foldArrays=yes: %d %+v", code, e)
+	}
+}

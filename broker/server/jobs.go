@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"runtime/trace"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -301,19 +302,40 @@ func (s *Server) listJobs(c echo.Context) error {
 		}
 		f.Limit = n
 	}
-	var out api.JobList
+	if v := c.QueryParam("foldArrays"); v != "" {
+		fold, err := strconv.ParseBool(v)
+		if err != nil {
+			return errBadRequest("foldArrays", broker.CodeInvalid, "must be true or false, not %q", clip(v))
+		}
+		f.FoldArrays = fold
+	}
+	var pg broker.JobPage
 	err := s.store.View(c.Request().Context(), func(tx broker.Tx) error {
 		var err error
-		out.Jobs, out.Next, err = broker.ListJobs(tx, f)
+		pg, err = broker.ListJobs(tx, f)
 		return err
 	})
 	if err != nil {
 		return err
 	}
+	out := api.JobList{Jobs: pg.Jobs, Next: pg.Next}
 	if out.Jobs == nil {
 		out.Jobs = []*broker.Job{}
 	}
 	s.overlayReasons(out.Jobs)
+	for _, j := range out.Jobs {
+		rest := pg.Folded[j.ArrayID]
+		if j.State != broker.StatePending || len(rest) == 0 {
+			continue
+		}
+		s.overlayReasons(rest)
+		elems := append([]*broker.Job{j}, rest...)
+		slices.Reverse(elems) // the listing's newest first; the view's in index order
+		if out.Arrays == nil {
+			out.Arrays = map[string]api.ArrayView{}
+		}
+		out.Arrays[j.ArrayID] = arrayView(j.ArrayID, elems)
+	}
 	return c.JSON(http.StatusOK, out)
 }
 

@@ -447,11 +447,11 @@ func testListJobs(t *testing.T, h Harness) {
 		var ids []string
 		var next string
 		must(t, s.View(ctx, func(tx broker.Tx) error {
-			js, n, err := broker.ListJobs(tx, f)
-			for _, j := range js {
+			pg, err := broker.ListJobs(tx, f)
+			for _, j := range pg.Jobs {
 				ids = append(ids, j.ID)
 			}
-			next = n
+			next = pg.Next
 			return err
 		}))
 		return ids, next
@@ -800,11 +800,11 @@ func testTeamIndex(t *testing.T, h Harness) {
 		var ids []string
 		var next string
 		must(t, s.View(ctx, func(tx broker.Tx) error {
-			js, n, err := broker.ListJobs(tx, broker.JobFilter{Team: "quiet", Limit: limit, Cursor: cursor})
-			for _, j := range js {
+			pg, err := broker.ListJobs(tx, broker.JobFilter{Team: "quiet", Limit: limit, Cursor: cursor})
+			for _, j := range pg.Jobs {
 				ids = append(ids, j.ID)
 			}
-			next = n
+			next = pg.Next
 			return err
 		}))
 		return ids, next

@@ -64,6 +64,20 @@ func TestArrayCLI(t *testing.T) {
 		}
 	}
 
+	// `spillway jobs` shows the waiting elements on one line, as squeue
+	// does; -r one line each.
+	out, errOut, code = runCLI(t, url, cliUser, "jobs")
+	if code != 0 || strings.Count(out, "\n") != 2 ||
+		!regexp.MustCompile(array+`\s+shards\[0-2%1\]\s+nlp\s+default\s+medium\s+1\s+pending\s+\S+ ago\s+3 waiting: \w+ 3\n`).MatchString(out) {
+		t.Fatalf("jobs with an array waiting: %d %q %q", code, out, errOut)
+	}
+	if out, _, _ = runCLI(t, url, cliUser, "jobs", "-r"); strings.Count(out, "shards[") != 3 || strings.Contains(out, array) {
+		t.Fatalf("jobs -r:\n%s", out)
+	}
+	if out, _, _ = runCLI(t, url, cliUser, "jobs", "-o", "json"); strings.Count(out, `"arrayIndex"`) != 3 {
+		t.Fatalf("jobs -o json folds:\n%s", out)
+	}
+
 	out, errOut, code = runCLI(t, url, cliUser, "cancel", array)
 	if code != 0 || out != "array "+array+": 3 cancelled, 0 stopping, 0 had ended (3 jobs)\n" {
 		t.Fatalf("cancel ARRAY: %d %q %q", code, out, errOut)
@@ -76,7 +90,7 @@ func TestArrayCLI(t *testing.T) {
 		t.Fatalf("cancel an ended array: %d %q", code, errOut)
 	}
 	unknown := "01M91DFM9A4WV7KQQAF63BJ15N"
-	if _, errOut, code = runCLI(t, url, cliUser, "cancel", unknown); code != 1 || errOut != unknown+": job "+unknown+" not found\n" {
+	if _, errOut, code = runCLI(t, url, cliUser, "cancel", unknown); code != 1 || errOut != unknown+": job or array "+unknown+" not found\n" {
 		t.Fatalf("cancel an unknown id: %d %q", code, errOut)
 	}
 	if _, errOut, code = runCLI(t, url, cliUser, "jobs", "--array", "shards"); code == 0 || !strings.Contains(errOut, "arrayId") {

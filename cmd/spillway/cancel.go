@@ -64,7 +64,7 @@ has not ended is cancelled, as Slurm's scancel does.`,
 // id found no such job (err is the broker's 404) and id has the shape of
 // an array's id: as with Slurm, an array's id names the whole array.
 // It reports whether call did it; else the error to show: call's, or
-// err when no array has that id either.
+// that neither a job nor an array has that id.
 func asArray(id string, err error, call func() error) (bool, error) {
 	if !isNotFound(err) || !broker.ValidArrayID(id) {
 		return false, err
@@ -73,7 +73,7 @@ func asArray(id string, err error, call func() error) (bool, error) {
 	case aerr == nil:
 		return true, nil
 	case isNotFound(aerr):
-		return false, err
+		return false, fmt.Errorf("job or array %s not found", id)
 	default:
 		return false, aerr
 	}

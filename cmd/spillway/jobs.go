@@ -8,13 +8,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/client"
 )
 
 func jobsCmd(g *globals) *cobra.Command {
 	var o client.ListOptions
 	var states string
-	var all bool
+	var all, expand bool
 	cmd := &cobra.Command{
 		Use:   "jobs",
 		Short: "List active jobs, newest first (--all: finished ones too)",
@@ -32,17 +33,26 @@ func jobsCmd(g *globals) *cobra.Command {
 				// Active jobs by default, as ps shows running processes.
 				o.States = activeStates
 			}
+			// As squeue does, the table shows an array's waiting elements
+			// on one line; JSON keeps one record per job.
+			o.FoldArrays = !expand && o.Array == "" && !g.json()
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
 			var jobs []*broker.Job
+			folds := map[*broker.Job]api.ArrayView{}
 			for {
 				page, err := c.Jobs(cmd.Context(), o)
 				if err != nil {
 					return err
 				}
 				jobs = append(jobs, page.Jobs...)
+				for _, j := range page.Jobs {
+					if a, ok := page.Arrays[j.ArrayID]; ok && j.State == broker.StatePending {
+						folds[j] = a
+					}
+				}
 				if !all || page.Next == "" {
 					if !all && page.Next != "" && !g.json() {
 						defer fmt.Fprintf(g.stderr, "(more: --cursor %s, or --all)\n", page.Next)
@@ -58,8 +68,12 @@ func jobsCmd(g *globals) *cobra.Command {
 			w := g.table()
 			fmt.Fprintln(w, "ID\tNAME\tTEAM\tQUEUE\tPRIO\tGPUS\tSTATE\tAGE\tWHERE / WHY")
 			for _, j := range jobs {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", j.ID, jobName(j), j.Spec.Team, j.Spec.Queue,
-					j.Spec.Priority, j.TotalGPUs(), j.State, ago(now, j.SubmittedAt), whereOrWhy(j))
+				id, name, why := j.ID, jobName(j), whereOrWhy(j)
+				if a, ok := folds[j]; ok {
+					id, name, why = a.ArrayID, foldedName(&a), fmt.Sprintf("%d waiting: %s", a.Count, waitingCodes(&a))
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", id, name, j.Spec.Team, j.Spec.Queue,
+					j.Spec.Priority, j.TotalGPUs(), j.State, ago(now, j.SubmittedAt), why)
 			}
 			return w.Flush()
 		},
@@ -72,6 +86,7 @@ func jobsCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Cursor, "cursor", "", "continue after this job id")
 	f.StringVar(&o.Array, "array", "", "only the jobs of this array (the id `spillway submit --array` prints); with --all, ended ones too")
 	f.BoolVar(&all, "all", false, "finished jobs too, every page")
+	f.BoolVarP(&expand, "expand-arrays", "r", false, "one line per waiting array element (as squeue -r), not one line per array")
 	return cmd
 }
 
@@ -86,6 +101,16 @@ func jobName(j *broker.Job) string {
 		return j.Spec.Name
 	}
 	return fmt.Sprintf("%s[%d]", j.Spec.Name, *j.ArrayIndex)
+}
+
+// foldedName names an array's waiting elements on one line, as squeue
+// does: eval[12-999%10].
+func foldedName(a *api.ArrayView) string {
+	idx := a.PendingIndexes
+	if a.Limit > 0 {
+		idx += fmt.Sprintf("%%%d", a.Limit)
+	}
+	return fmt.Sprintf("%s[%s]", a.Name, idx)
 }
 
 // whereOrWhy is where a job runs, or why it does not.

@@ -67,17 +67,23 @@ func printArray(g *globals, a *api.ArrayView) {
 	fmt.Fprintf(w, "Limit:\t%s\n", limit)
 	fmt.Fprintf(w, "States:\t%s\n", arrayCounts(a))
 	if a.PendingIndexes != "" {
-		var why []string
-		for _, code := range slices.Sorted(maps.Keys(a.Waiting)) {
-			why = append(why, fmt.Sprintf("%s %d", code, a.Waiting[code]))
-		}
-		fmt.Fprintf(w, "Waiting:\tindexes %s (%s)\n", a.PendingIndexes, strings.Join(why, ", "))
+		fmt.Fprintf(w, "Waiting:\tindexes %s (%s)\n", a.PendingIndexes, waitingCodes(a))
 	}
 	fmt.Fprintf(w, "Team / queue / priority:\t%s / %s / %s\n", a.Team, a.Queue, a.Priority)
 	fmt.Fprintf(w, "User:\t%s\n", a.User)
 	fmt.Fprintf(w, "GPUs each:\t%d\n", a.GPUs)
 	fmt.Fprintf(w, "Submitted:\t%s\n", a.SubmittedAt.Local().Format(time.DateTime))
 	_ = w.Flush()
+}
+
+// waitingCodes is an array's waiting elements by reason code, as
+// "array_limit 985, held 3".
+func waitingCodes(a *api.ArrayView) string {
+	var why []string
+	for _, code := range slices.Sorted(maps.Keys(a.Waiting)) {
+		why = append(why, fmt.Sprintf("%s %d", code, a.Waiting[code]))
+	}
+	return strings.Join(why, ", ")
 }
 
 func printStatus(g *globals, j *broker.Job) {
