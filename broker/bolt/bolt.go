@@ -66,6 +66,9 @@ var initialMmapSize = func() int {
 	return 1 << 30
 }()
 
+// GroupCommits reports the group commits of Batch (broker.GroupCommitter).
+func (s *Store) GroupCommits() broker.GroupCommitStats { return s.group.stats.Stats() }
+
 // Path is the file the store lives in.
 func (s *Store) Path() string { return s.db.Path() }
 

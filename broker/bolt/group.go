@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
@@ -18,6 +19,8 @@ import (
 type groupCommit struct {
 	db  *bbolt.DB
 	max int
+
+	stats broker.GroupCommitCounter
 
 	mu      sync.Mutex
 	queue   []*member
@@ -58,7 +61,9 @@ func (g *groupCommit) drain() {
 		ms := g.queue[:n:n]
 		g.queue = g.queue[n:]
 		g.mu.Unlock()
+		start := time.Now()
 		g.commit(ms)
+		g.stats.Add(len(ms), time.Since(start))
 	}
 }
 

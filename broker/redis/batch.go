@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/spillway-dev/spillway/broker"
 )
@@ -36,6 +37,9 @@ func (s *Store) Batch(ctx context.Context, fn func(broker.Tx) error) error {
 	return <-c.err
 }
 
+// GroupCommits reports the group commits of Batch (broker.GroupCommitter).
+func (s *Store) GroupCommits() broker.GroupCommitStats { return s.groupStats.Stats() }
+
 // drain commits the queue in groups until it is empty.
 func (s *Store) drain() {
 	for {
@@ -49,7 +53,9 @@ func (s *Store) drain() {
 		calls := s.queue[:n:n]
 		s.queue = s.queue[n:]
 		s.bmu.Unlock()
+		start := time.Now()
 		s.commitGroup(calls)
+		s.groupStats.Add(len(calls), time.Since(start))
 	}
 }
 

@@ -75,6 +75,8 @@ type Store struct {
 	bmu      sync.Mutex
 	queue    []*call
 	draining bool
+	// groupStats counts the group commits (GroupCommits).
+	groupStats broker.GroupCommitCounter
 	// inflight counts Batch calls not yet answered; Close waits for them.
 	inflight sync.WaitGroup
 }

@@ -71,11 +71,32 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		Name: "spillway_requests_limited_total", Help: "Requests refused with 429 by a team limit, by limit (submit_rate, pending_cap).",
 	}, []string{"limit"})
 	reg.MustRegister(m.limited, m.storeCommit)
+	if gc, ok := s.backend.(broker.GroupCommitter); ok {
+		registerGroupCommits(reg, gc)
+	}
 	reg.MustRegister(m.budgetUsed, m.budgetAlerts, m.burstLead, m.exports, m.idle, m.requests, m.latency, m.submitted, m.transitions, m.cycleSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s})
 	m.delivery = newDeliveryMetrics(reg, s)
 	return m
+}
+
+// registerGroupCommits exports the store's group commits: calls over
+// commits is how many submits (and state changes) share each fsync, and
+// a busy rate near 1 means the store's one writer never rests, so writes
+// wait on the disk or on Redis rather than on the broker.
+func registerGroupCommits(reg *prometheus.Registry, gc broker.GroupCommitter) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "spillway_store_group_commits_total", Help: "Transactions the store committed for grouped writes (submits and state changes).",
+		}, func() float64 { return float64(gc.GroupCommits().Commits) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "spillway_store_group_commit_calls_total", Help: "Grouped writes those transactions carried; over spillway_store_group_commits_total, the writes per commit.",
+		}, func() float64 { return float64(gc.GroupCommits().Calls) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "spillway_store_writer_busy_seconds_total", Help: "Time the store's writer spent committing grouped writes; a rate near 1 means it never rests (the disk or Redis is the limit).",
+		}, func() float64 { return gc.GroupCommits().Busy.Seconds() }),
+	)
 }
 
 // observeTransition counts the states a change entered.

@@ -232,3 +232,39 @@ func walkJSON(v any, fn func(key, val string)) {
 		}
 	}
 }
+
+// TestGroupCommitMetrics: the store's group commits are exported; a
+// submit is one call carried by one commit, and the writer's busy time
+// grows with it.
+func TestGroupCommitMetrics(t *testing.T) {
+	h, reg := newRegistryHarness(t)
+	value := func(name string) float64 {
+		t.Helper()
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == name {
+				return f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatalf("%s is not exported", name)
+		return 0
+	}
+	names := []string{"spillway_store_group_commits_total", "spillway_store_group_commit_calls_total", "spillway_store_writer_busy_seconds_total"}
+	before := map[string]float64{}
+	for _, n := range names {
+		before[n] = value(n)
+	}
+	h.submit(tokAlice, `{"resources": {"gpus": 1}, "timeout": "1h", "command": ["a"]}`)
+	if d := value(names[1]) - before[names[1]]; d < 1 {
+		t.Errorf("calls after a submit grew by %v, want at least 1", d)
+	}
+	if d := value(names[0]) - before[names[0]]; d < 1 {
+		t.Errorf("commits after a submit grew by %v, want at least 1", d)
+	}
+	if value(names[2]) <= before[names[2]] {
+		t.Errorf("writer busy time did not grow with a submit")
+	}
+}

@@ -308,6 +308,14 @@ func testBatch(t *testing.T, h Harness) {
 	if got := len(keys(t, s, broker.BucketJobs, "", "", false, 0)); got != n {
 		t.Fatalf("%d keys after %d batches", got, n)
 	}
+	// A group-commit store counts every call once, in commits that carry
+	// one call or more, and the time its writer spent on them.
+	if gc, ok := s.(broker.GroupCommitter); ok {
+		st := gc.GroupCommits()
+		if st.Calls != n || st.Commits < 1 || st.Commits > n || st.Busy <= 0 {
+			t.Fatalf("group commits after %d batch calls: %+v, want %d calls in 1 to %d commits with busy time", n, st, n, n)
+		}
+	}
 	// Members that fail among members that succeed, concurrently: each
 	// failure leaves nothing, each success lands.
 	errs = make(chan error, n)
