@@ -3,8 +3,6 @@ package broker
 import (
 	"context"
 	"errors"
-	"sync/atomic"
-	"time"
 )
 
 // Bucket names one keyspace of the store. Keys inside a bucket are ordered
@@ -72,42 +70,6 @@ type Fenced interface {
 	SetFence(token uint64)
 	// Fence returns the cluster's current counter (0 before any leader).
 	Fence(ctx context.Context) (uint64, error)
-}
-
-// GroupCommitter is implemented by stores whose Batch is a group commit
-// (bbolt, Redis): one writer commits the calls that wait, together, one
-// transaction and one fsync or script run at a time. Calls per commit
-// tell whether concurrent writers share commits; the writer's busy time
-// against the clock tells whether it is the limit: busy all the time
-// means writes wait on the disk (or on Redis), not on the broker's CPU.
-type GroupCommitter interface {
-	GroupCommits() GroupCommitStats
-}
-
-// GroupCommitStats is what a store's group-commit writer has done since
-// the store was opened.
-type GroupCommitStats struct {
-	Commits uint64        // transactions committed for Batch calls
-	Calls   uint64        // the Batch calls they carried
-	Busy    time.Duration // time spent committing them
-}
-
-// GroupCommitCounter keeps a store's GroupCommitStats; safe for
-// concurrent use.
-type GroupCommitCounter struct {
-	commits, calls, busy atomic.Int64
-}
-
-// Add counts one commit of calls Batch calls that took d.
-func (c *GroupCommitCounter) Add(calls int, d time.Duration) {
-	c.commits.Add(1)
-	c.calls.Add(int64(calls))
-	c.busy.Add(int64(d))
-}
-
-// Stats returns the counts so far.
-func (c *GroupCommitCounter) Stats() GroupCommitStats {
-	return GroupCommitStats{Commits: uint64(c.commits.Load()), Calls: uint64(c.calls.Load()), Busy: time.Duration(c.busy.Load())}
 }
 
 // BucketLister is implemented by stores that can name their buckets, so

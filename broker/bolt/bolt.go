@@ -3,7 +3,7 @@
 //
 // Every Update is one bbolt read-write transaction, fsynced before it
 // returns. Batch coalesces concurrent callers into one transaction and one
-// fsync (group commit, see groupCommit): that is how the submit path
+// fsync (group commit, broker.GroupCommit): that is how the submit path
 // reaches thousands of durable writes per second on one disk.
 package bolt
 
@@ -29,7 +29,7 @@ const FileName = "spillway.db"
 // Store is a broker.Store on one bbolt file.
 type Store struct {
 	db    *bbolt.DB
-	group *groupCommit
+	group *broker.GroupCommit
 }
 
 var _ broker.Store = (*Store)(nil)
@@ -47,7 +47,8 @@ func Open(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	return &Store{db: db, group: &groupCommit{db: db, max: 2000}}, nil
+	group := &broker.GroupCommit{Max: 2000, Commit: func(fns []func(broker.Tx) error) []error { return commitGroup(db, fns) }}
+	return &Store{db: db, group: group}, nil
 }
 
 // initialMmapSize is the address space the store maps at open (not
@@ -67,7 +68,7 @@ var initialMmapSize = func() int {
 }()
 
 // GroupCommits reports the group commits of Batch (broker.GroupCommitter).
-func (s *Store) GroupCommits() broker.GroupCommitStats { return s.group.stats.Stats() }
+func (s *Store) GroupCommits() broker.GroupCommitStats { return s.group.GroupCommits() }
 
 // Path is the file the store lives in.
 func (s *Store) Path() string { return s.db.Path() }
@@ -93,7 +94,7 @@ func (s *Store) Batch(ctx context.Context, fn func(broker.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.group.do(fn)
+	return s.group.Do(fn)
 }
 
 // Close closes the file.

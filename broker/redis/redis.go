@@ -71,12 +71,8 @@ type Store struct {
 	fenced atomic.Bool
 	token  atomic.Uint64
 
-	maxBatch int
-	bmu      sync.Mutex
-	queue    []*call
-	draining bool
-	// groupStats counts the group commits (GroupCommits).
-	groupStats broker.GroupCommitCounter
+	// group is Batch's group commit.
+	group *broker.GroupCommit
 	// inflight counts Batch calls not yet answered; Close waits for them.
 	inflight sync.WaitGroup
 }
@@ -207,7 +203,8 @@ func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
 		o.MaxBatchSize = 1000
 	}
 	clientLog.Do(func() { goredis.SetLogger(redisLog{o.Logger}) })
-	s := &Store{rdb: t.client(), prefix: "{" + prefix + "}", log: o.Logger, maxBatch: o.MaxBatchSize}
+	s := &Store{rdb: t.client(), prefix: "{" + prefix + "}", log: o.Logger}
+	s.group = &broker.GroupCommit{Max: o.MaxBatchSize, Commit: s.commitGroup}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := s.rdb.Ping(pctx).Err(); err != nil {
