@@ -1,0 +1,94 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/bolt"
+	"github.com/spillway-dev/spillway/broker/clock"
+	"github.com/spillway-dev/spillway/broker/config"
+)
+
+// BenchmarkBrokerCycle is one scheduling cycle of the broker at
+// SPILLWAY_BENCH_PENDING (default 100,000) pending jobs: BenchmarkFullCycle
+// (broker/sched) measures the core alone; this is Server.Cycle, the core
+// and the broker's work around it under its lock — housekeeping (lost
+// nodes, idle jobs), the snapshot, and applying the plan (each waiting
+// job's reason). The jobs are one team's, submitted as 1,000-element
+// arrays a second apart, as a sweep is: an array's elements share their
+// class, score and submit time, so the core orders each array by id. No
+// node registers, so every job stays pending. The store is loaded
+// directly and the broker started on it (a restart), and three cycles run,
+// which takes a few seconds before the timer starts.
+func BenchmarkBrokerCycle(b *testing.B) {
+	n := 100_000
+	if v, err := strconv.Atoi(os.Getenv("SPILLWAY_BENCH_PENDING")); err == nil && v > 0 {
+		n = v
+	}
+	dir := b.TempDir()
+	cfg, err := config.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\ndataDir: %s\n", dir)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := bolt.Open(filepath.Join(dir, bolt.FileName))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	const arraySize = 1000
+	for from := 0; from < n; from += 10_000 {
+		if err := st.Update(context.Background(), func(tx broker.Tx) error {
+			for i := from; i < min(n, from+10_000); i++ {
+				at := t0.Add(time.Duration(i/arraySize) * time.Second)
+				idx := i % arraySize
+				arr := fmt.Sprintf("01M93Y1BY5%012dAAAA", i/arraySize)
+				j := &broker.Job{ID: fmt.Sprintf("01M93Y1BY5%012d%04d", i/arraySize, idx+1), ArrayID: arr, ArrayIndex: &idx,
+					State: broker.StatePending, SubmittedAt: at, User: "alice",
+					Spec: broker.Spec{Name: "sweep", Team: "nlp", Queue: "default", Priority: "low",
+						Resources: broker.Resources{GPUs: 1 << (i % 4), Nodes: 1}, Timeout: broker.Duration(4 * time.Hour),
+						Command: []string{"python", "train.py"}},
+					History: []broker.Transition{{At: at, To: broker.StatePending, Reason: "submitted"}}}
+				if err := broker.PutJob(tx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	clk := clock.NewFake(t0.Add(time.Hour))
+	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clk})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	// The first cycles derive every job's record and store each job's
+	// first reason; then the garbage of loading goes.
+	for range 3 {
+		clk.Step(time.Second)
+		if err := srv.Cycle(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if got := srv.pendingCount(); got != n {
+		b.Fatalf("%d pending jobs, want %d", got, n)
+	}
+	runtime.GC()
+	for b.Loop() {
+		clk.Step(time.Second)
+		if err := srv.Cycle(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/cycle")
+}
