@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -194,15 +196,26 @@ func (s *Server) rollUpHoursLocked(ctx context.Context, now time.Time) error {
 
 // checkIdleLocked marks jobs whose cards have been quiet for the idle
 // window, and ends them where the queue's policy says so.
+//
+// It looks only at the jobs holding cards (the view's index by node), not
+// at every job: with 100,000 waiting it would otherwise walk them all, under
+// the lock, every cycle.
 func (s *Server) checkIdleLocked(ctx context.Context, now time.Time) error {
 	window := s.cfg().Idle.Window.D()
-	var changed []*broker.Job
-	for j := range s.view.Jobs() {
-		id := j.ID
-		if j.State != broker.StateRunning {
-			delete(s.quiet, id)
-			continue
+	running := map[string]*broker.Job{}
+	for _, j := range s.view.Held() {
+		if j.State == broker.StateRunning {
+			running[j.ID] = j // a job on several nodes comes once a node
 		}
+	}
+	for id := range s.quiet {
+		if running[id] == nil {
+			delete(s.quiet, id) // no longer running, or ended
+		}
+	}
+	var changed []*broker.Job
+	for _, id := range slices.Sorted(maps.Keys(running)) {
+		j := running[id]
 		since, quiet := s.quiet[id]
 		switch {
 		case quiet && j.IdleSince == nil && now.Sub(since) >= window:

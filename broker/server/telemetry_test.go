@@ -91,6 +91,14 @@ func TestIdleJobReportedThenReclaimed(t *testing.T) {
 	if got := h.job(serving.ID); got.State != broker.StateFailed || got.History[len(got.History)-1].Reason != "idle_reclaimed" {
 		t.Fatalf("reclaimed job: %s %+v", got.State, got.History[len(got.History)-1])
 	}
+	// The ended job's quiet mark goes with it.
+	h.cycle()
+	h.srv.lock()
+	_, kept := h.srv.quiet[serving.ID]
+	h.srv.mu.Unlock()
+	if kept {
+		t.Fatal("the ended job's quiet mark is kept")
+	}
 	// Work resumes: the mark goes away.
 	busy := 90
 	a.util = &busy
