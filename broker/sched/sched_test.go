@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -249,6 +250,19 @@ func TestOrder(t *testing.T) {
 			jobs:  []*JobWrapper{MakeJob("new").Waited(time.Minute), MakeJob("old").Waited(time.Hour)},
 			want: outcome{Starts: map[string]string{"old": "n1:0"},
 				Pending: map[string]string{"new": ReasonResources}},
+		},
+		"submitted together (an array's elements): the lower id goes first": {
+			nodes: one,
+			jobs:  []*JobWrapper{MakeJob("job-b"), MakeJob("job-c"), MakeJob("job-a"), MakeJob("job-a0")},
+			want: outcome{Starts: map[string]string{"job-a": "n1:0"},
+				Pending: map[string]string{"job-b": ReasonResources, "job-c": ReasonResources, "job-a0": ReasonResources}},
+		},
+		"submitted together, ids past 32 bytes: the lower id goes first": {
+			nodes: one,
+			jobs: []*JobWrapper{MakeJob(strings.Repeat("x", 40) + "2"), MakeJob(strings.Repeat("x", 40) + "1"),
+				MakeJob("y")},
+			want: outcome{Starts: map[string]string{strings.Repeat("x", 40) + "1": "n1:0"},
+				Pending: map[string]string{strings.Repeat("x", 40) + "2": ReasonResources, "y": ReasonResources}},
 		},
 		"a job past the starvation age goes before every class": {
 			nodes:  one,

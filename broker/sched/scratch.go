@@ -17,6 +17,8 @@ type scratch struct {
 	freeAt   []int32
 	pos      []int32
 	keys     []sortKey
+	ties     []tieKey
+	tiesTmp  []tieKey
 	ordered  []pjob
 	rank     []int32
 }
