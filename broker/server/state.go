@@ -226,8 +226,7 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 	}
 	for _, pe := range plan.Pending {
 		id, r := pe.Job, pe.Reason
-		s.view.SetReason(id, r)
-		old := s.view.Job(id)
+		old, saved, ok := s.view.NoteReason(id, r) // one lookup for every waiting job
 		if old == nil || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
 			continue
 		}
@@ -237,7 +236,6 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		// reason from its entry into the queue — so codes that flip between
 		// cycles, and jobs that wait only moments, do not turn into a write
 		// storm; a standby still shows a recent one.
-		saved, ok := s.view.ReasonSaved(id)
 		if !ok && len(old.History) > 0 {
 			saved = old.History[len(old.History)-1].At
 		}

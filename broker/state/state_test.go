@@ -199,3 +199,36 @@ func TestAdmitAndReset(t *testing.T) {
 		t.Fatal("Reset left a reason")
 	}
 }
+
+// TestNoteReason: NoteReason records the reason and returns the job and
+// when its reason was saved, in one lookup; a job not in the view (it
+// ended after the cycle's snapshot) keeps no reason or I/O reading.
+func TestNoteReason(t *testing.T) {
+	st := New()
+	a := job("a", broker.StatePending)
+	st.Apply([]*broker.Job{a}, nil, nil)
+	j, _, saved := st.NoteReason("a", reason("resources"))
+	if j != a || saved {
+		t.Fatalf("NoteReason(a) = %v, saved %v; want a, not saved", j, saved)
+	}
+	at := time.Unix(7, 0)
+	st.NoteReasonSaved("a", at)
+	if j, got, saved := st.NoteReason("a", reason("quota")); j != a || !saved || !got.Equal(at) {
+		t.Fatalf("after saving: %v, %v, %v", j, got, saved)
+	}
+	if r, ok := st.Reason("a"); !ok || r.Code() != "quota" {
+		t.Fatalf("reason %q, %v; want quota", r.Code(), ok)
+	}
+	if j, _, _ := st.NoteReason("gone", reason("resources")); j != nil {
+		t.Fatal("NoteReason found a job not in the view")
+	}
+	st.SetReason("gone", reason("resources"))
+	st.SetIO("gone", IO{Attempt: 1})
+	if _, ok := st.Reason("gone"); ok || st.IO("gone") != (IO{}) {
+		t.Fatal("a job not in the view kept a reason or an I/O reading")
+	}
+	st.DropReason("a")
+	if _, ok := st.Reason("a"); ok {
+		t.Fatal("DropReason kept the reason")
+	}
+}
