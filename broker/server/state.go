@@ -226,8 +226,8 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 	}
 	for _, pe := range plan.Pending {
 		id, r := pe.Job, pe.Reason
-		old, saved, ok := s.view.NoteReason(id, r) // one lookup for every waiting job
-		if old == nil || (old.State != broker.StatePending && old.State != broker.StateProvisioning) {
+		n := s.view.NoteReason(id, r) // one lookup for every waiting job, and no read of its record
+		if n.Job == nil || !n.Waiting || (n.HasCode && n.Code == r.Code()) {
 			continue
 		}
 		// The full sentence with the queue position is served from memory.
@@ -236,11 +236,12 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 		// reason from its entry into the queue — so codes that flip between
 		// cycles, and jobs that wait only moments, do not turn into a write
 		// storm; a standby still shows a recent one.
-		if !ok && len(old.History) > 0 {
-			saved = old.History[len(old.History)-1].At
+		saved := n.SavedAt
+		if !n.Saved && len(n.Job.History) > 0 {
+			saved = n.Job.History[len(n.Job.History)-1].At
 		}
-		if (old.Pending == nil || old.Pending.Code != r.Code()) && now.Sub(saved) >= reasonPersistEvery {
-			j := cloneJob(old)
+		if now.Sub(saved) >= reasonPersistEvery {
+			j := cloneJob(n.Job)
 			rc := r.PendingReason()
 			j.Pending = &rc
 			changed = append(changed, j)

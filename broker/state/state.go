@@ -39,7 +39,14 @@ type State struct {
 	// index, with what the leader keeps of it beside the record: a cycle
 	// that gives 100,000 waiting jobs their reasons makes one map lookup
 	// a job, not one in each of three maps.
-	jobs  map[string]*entry
+	jobs map[string]*entry
+	// order holds the same entries in a slice (entry.at is each one's
+	// index): Jobs walks it, not the map, so that a snapshot lists the
+	// jobs in the same order from cycle to cycle (Go randomises every walk
+	// of a map) and the scheduler finds each job's derived record where it
+	// left it, without a lookup. A job that leaves is replaced by the
+	// last one, so one job moves.
+	order []*entry
 	nodes map[string]*broker.Node
 	// byNode[n] is the set of jobs holding GPUs on node n, kept equal to
 	// the holding jobs' placements.
@@ -58,6 +65,24 @@ type entry struct {
 	// the code is persisted, the sentence is formatted when read.
 	reason    sched.Reason
 	hasReason bool
+	// waiting and code copy what the cycle reads of the record for every
+	// waiting job (pending or provisioning; the code of its stored
+	// reason, hasCode false when it has none), so that it reads the entry
+	// alone, not the record too: at 100,000 waiting jobs each record read
+	// is a cache miss. Set whenever job is.
+	waiting, hasCode bool
+	at               int32 // index in State.order
+	code             string
+}
+
+// setJob makes j the entry's record.
+func (e *entry) setJob(j *broker.Job) {
+	e.job = j
+	e.waiting = j.State == broker.StatePending || j.State == broker.StateProvisioning
+	e.code, e.hasCode = "", j.Pending != nil
+	if j.Pending != nil {
+		e.code = j.Pending.Code
+	}
 }
 
 // New returns an empty view.
@@ -70,6 +95,7 @@ func New() *State {
 // Reset drops the whole view (a term ended, or one is about to load).
 func (st *State) Reset() {
 	st.jobs = map[string]*entry{}
+	st.order = nil
 	st.nodes = map[string]*broker.Node{}
 	st.byNode = map[string]map[string]bool{}
 }
@@ -98,8 +124,20 @@ func (st *State) Admit(j *broker.Job) bool {
 
 // put adds a job not yet in the view, with its holdings.
 func (st *State) put(j *broker.Job) {
-	st.jobs[j.ID] = &entry{job: j}
+	e := &entry{at: int32(len(st.order))}
+	e.setJob(j)
+	st.jobs[j.ID] = e
+	st.order = append(st.order, e)
 	st.hold(j)
+}
+
+// drop takes job id's entry out of the view.
+func (st *State) drop(e *entry) {
+	delete(st.jobs, e.job.ID)
+	last := st.order[len(st.order)-1]
+	st.order[e.at], last.at = last, e.at
+	st.order[len(st.order)-1] = nil
+	st.order = st.order[:len(st.order)-1]
 }
 
 // hold records j's placements in byNode when it holds GPUs.
@@ -134,9 +172,11 @@ func (st *State) Apply(jobs []*broker.Job, nodes []*broker.Node, each func(old, 
 		}
 		switch {
 		case j.State.Terminal():
-			delete(st.jobs, j.ID) // with its reason and I/O reading
+			if e != nil {
+				st.drop(e) // with its reason and I/O reading
+			}
 		case e != nil:
-			e.job = j
+			e.setJob(j)
 			st.hold(j)
 		default:
 			st.put(j)
@@ -164,7 +204,7 @@ func (st *State) Job(id string) *broker.Job {
 // Jobs yields every non-terminal job, in no order.
 func (st *State) Jobs() iter.Seq[*broker.Job] {
 	return func(yield func(*broker.Job) bool) {
-		for _, e := range st.jobs {
+		for _, e := range st.order {
 			if !yield(e.job) {
 				return
 			}
@@ -234,19 +274,35 @@ func (st *State) Reason(id string) (sched.Reason, bool) {
 // keeps none.
 func (st *State) SetReason(id string, r sched.Reason) { st.NoteReason(id, r) }
 
-// NoteReason is SetReason that also returns, in the same lookup, the job
-// and when its reason was last written (saved false: not in this term);
-// the job is nil when it has left the view.
-func (st *State) NoteReason(id string, r sched.Reason) (j *broker.Job, at time.Time, saved bool) {
+// Noted is what NoteReason returns of a job.
+type Noted struct {
+	// Job is the job's record; nil when it has left the view.
+	Job *broker.Job
+	// Waiting: the job is pending or provisioning.
+	Waiting bool
+	// Code is the code of the reason its record carries; HasCode false
+	// when it carries none.
+	Code    string
+	HasCode bool
+	// SavedAt is when its reason was last written, if Saved (in this
+	// term).
+	SavedAt time.Time
+	Saved   bool
+}
+
+// NoteReason is SetReason that also returns, from the same lookup, what a
+// cycle needs of the job to decide whether to store the reason.
+func (st *State) NoteReason(id string, r sched.Reason) Noted {
 	e := st.jobs[id]
 	if e == nil {
-		return nil, time.Time{}, false
+		return Noted{}
 	}
 	e.reason, e.hasReason = r, true
-	if e.saved == 0 {
-		return e.job, time.Time{}, false
+	n := Noted{Job: e.job, Waiting: e.waiting, Code: e.code, HasCode: e.hasCode}
+	if e.saved != 0 {
+		n.SavedAt, n.Saved = time.Unix(0, e.saved), true
 	}
-	return e.job, time.Unix(0, e.saved), true
+	return n
 }
 
 // DropReason forgets job id's pending reason.

@@ -1,7 +1,9 @@
 package state
 
 import (
+	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -200,26 +202,35 @@ func TestAdmitAndReset(t *testing.T) {
 	}
 }
 
-// TestNoteReason: NoteReason records the reason and returns the job and
-// when its reason was saved, in one lookup; a job not in the view (it
-// ended after the cycle's snapshot) keeps no reason or I/O reading.
+// TestNoteReason: NoteReason records the reason and returns, in one
+// lookup, the job, whether it waits, the code its record carries and when
+// its reason was saved; they follow the record through Apply. A job not in
+// the view (it ended after the cycle's snapshot) keeps no reason or I/O
+// reading.
 func TestNoteReason(t *testing.T) {
 	st := New()
 	a := job("a", broker.StatePending)
 	st.Apply([]*broker.Job{a}, nil, nil)
-	j, _, saved := st.NoteReason("a", reason("resources"))
-	if j != a || saved {
-		t.Fatalf("NoteReason(a) = %v, saved %v; want a, not saved", j, saved)
+	n := st.NoteReason("a", reason("resources"))
+	if n.Job != a || !n.Waiting || n.HasCode || n.Saved {
+		t.Fatalf("NoteReason(a) = %+v; want a, waiting, no code, not saved", n)
 	}
 	at := time.Unix(7, 0)
 	st.NoteReasonSaved("a", at)
-	if j, got, saved := st.NoteReason("a", reason("quota")); j != a || !saved || !got.Equal(at) {
-		t.Fatalf("after saving: %v, %v, %v", j, got, saved)
+	a2 := with(a, broker.StatePending)
+	a2.Pending = &broker.PendingReason{Code: "resources"}
+	st.Apply([]*broker.Job{a2}, nil, nil)
+	if n := st.NoteReason("a", reason("quota")); n.Job != a2 || !n.HasCode || n.Code != "resources" || !n.Saved || !n.SavedAt.Equal(at) {
+		t.Fatalf("after saving and applying: %+v", n)
 	}
 	if r, ok := st.Reason("a"); !ok || r.Code() != "quota" {
 		t.Fatalf("reason %q, %v; want quota", r.Code(), ok)
 	}
-	if j, _, _ := st.NoteReason("gone", reason("resources")); j != nil {
+	st.Apply([]*broker.Job{with(a2, broker.StateStarting, "n1")}, nil, nil)
+	if n := st.NoteReason("a", reason("quota")); n.Waiting || n.HasCode {
+		t.Fatalf("a starting job: %+v; want not waiting, no code", n)
+	}
+	if n := st.NoteReason("gone", reason("resources")); n.Job != nil {
 		t.Fatal("NoteReason found a job not in the view")
 	}
 	st.SetReason("gone", reason("resources"))
@@ -230,5 +241,51 @@ func TestNoteReason(t *testing.T) {
 	st.DropReason("a")
 	if _, ok := st.Reason("a"); ok {
 		t.Fatal("DropReason kept the reason")
+	}
+}
+
+// TestJobsOrderStable: Jobs lists every job once, in the same order from
+// one walk to the next, and a job leaving moves only the last one into its
+// place; after random arrivals and ends the list still matches the map.
+func TestJobsOrderStable(t *testing.T) {
+	st := New()
+	var js []*broker.Job
+	for i := range 6 {
+		js = append(js, job(fmt.Sprintf("j%d", i), broker.StatePending))
+	}
+	st.Apply(js, nil, nil)
+	walk := func() []string { return ids(slices.Collect(st.Jobs())) }
+	first := walk()
+	for range 3 {
+		if got := walk(); !slices.Equal(got, first) {
+			t.Fatalf("second walk %v, first %v", got, first)
+		}
+	}
+	st.Apply([]*broker.Job{with(js[1], broker.StateSucceeded)}, nil, nil)
+	if got, want := walk(), []string{"j0", "j5", "j2", "j3", "j4"}; !slices.Equal(got, want) {
+		t.Fatalf("after j1 ended: %v, want %v (j5 in its place)", got, want)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	live := map[string]bool{"j0": true, "j2": true, "j3": true, "j4": true, "j5": true}
+	for i := range 2000 {
+		id := fmt.Sprintf("j%d", rng.IntN(40))
+		if live[id] && rng.IntN(2) == 0 {
+			st.Apply([]*broker.Job{job(id, broker.StateFailed)}, nil, nil)
+			delete(live, id)
+		} else {
+			st.Apply([]*broker.Job{job(id, broker.StatePending)}, nil, nil)
+			live[id] = true
+		}
+		if i%100 == 0 || i == 1999 {
+			got := walk()
+			slices.Sort(got)
+			if want := slices.Sorted(maps.Keys(live)); !slices.Equal(got, want) || st.JobCount() != len(want) {
+				t.Fatalf("step %d: Jobs %v, want %v", i, got, want)
+			}
+		}
+	}
+	st.Reset()
+	if got := walk(); len(got) != 0 {
+		t.Fatalf("after Reset: %v", got)
 	}
 }
