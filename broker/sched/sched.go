@@ -196,6 +196,19 @@ type Pending struct {
 	Reason Reason `json:"reason"`
 	// j is the snapshot's job, for BurstDemand.
 	j *broker.Job
+	// at1 is the job's index in the snapshot's Jobs plus one (0: not
+	// known).
+	at1 int32
+}
+
+// SnapshotJob is the job as the snapshot had it and its index in the
+// snapshot's Jobs, so that a caller holding something per snapshot job
+// finds it without a lookup by id; i is -1 (and j nil) when not known.
+func (p *Pending) SnapshotJob() (j *broker.Job, i int) {
+	if p.at1 == 0 {
+		return nil, -1
+	}
+	return p.j, int(p.at1) - 1
 }
 
 // Reservation is the EASY backfill reservation of the head job: when and

@@ -90,3 +90,30 @@ func TestRadixTies(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingSnapshotJob: each pending entry of a plan names its job's
+// index in the snapshot and the snapshot's record, across cycles of one
+// Scheduler whose snapshots list the jobs in different orders.
+func TestPendingSnapshotJob(t *testing.T) {
+	var js []*JobWrapper
+	for i := range 50 {
+		js = append(js, MakeJob(fmt.Sprintf("j%02d", i)).GPUs(1+i%3))
+	}
+	s := snap(nodes(MakeNode("n1").GPUs(2)), jobs(js...))
+	sc := New()
+	rng := rand.New(rand.NewPCG(7, 8))
+	for cycle := range 3 {
+		plan := sc.Schedule(s)
+		if len(plan.Pending) == 0 {
+			t.Fatal("no job waits")
+		}
+		for i := range plan.Pending {
+			pe := &plan.Pending[i]
+			j, k := pe.SnapshotJob()
+			if k < 0 || k >= len(s.Jobs) || s.Jobs[k] != j || j.ID != pe.Job {
+				t.Fatalf("cycle %d: %s names index %d (%v)", cycle, pe.Job, k, j)
+			}
+		}
+		rng.Shuffle(len(s.Jobs), func(a, b int) { s.Jobs[a], s.Jobs[b] = s.Jobs[b], s.Jobs[a] })
+	}
+}

@@ -26,7 +26,7 @@ func (c *cycle) walk() {
 		p := &c.pending[pi]
 		ref := &c.pendRef[pi]
 		e := &pend[:len(pend)+1][len(pend)]
-		*e = Pending{Job: ref.id, j: ref.j,
+		*e = Pending{Job: ref.id, j: ref.j, at1: c.jc.pos[p.rec] + 1,
 			Reason: Reason{ctx: c.rctx, g: int32(p.g), n: int32(p.n), share: p.share, model: p.cons, queue: p.queue}}
 		r := &e.Reason
 		switch over, project := c.quotaOver(p); {

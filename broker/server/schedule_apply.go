@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/broker/state"
 )
 
 // usageFlushEvery bounds what a crash can lose of fair-share usage: the
@@ -24,6 +25,10 @@ type scheduling struct {
 	core   *sched.Scheduler
 	policy sched.Policy
 	ledger *usageLedger
+	// handles[k] is the view's handle of the last snapshot's k-th job:
+	// applying its plan gives each waiting job its reason without a
+	// lookup by id (sched.Pending.SnapshotJob).
+	handles []state.Handle
 }
 
 // usageLedger is the fair-share ledger (sched.Ledger) kept in memory and

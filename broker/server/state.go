@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/sched"
+	"github.com/spillway-dev/spillway/broker/state"
 	"github.com/spillway-dev/spillway/onprem/agentapi"
 )
 
@@ -179,12 +180,15 @@ func (s *Server) snapshotLocked(now time.Time) *sched.Snapshot {
 		}
 		snap.Nodes = append(snap.Nodes, n)
 	}
-	for j := range s.view.Jobs() {
+	handles := sc.handles[:0]
+	for j, h := range s.view.JobHandles() {
 		if j.Hold != nil && j.State == broker.StatePending {
 			continue // held: neither scheduled nor burst
 		}
 		snap.Jobs = append(snap.Jobs, j)
+		handles = append(handles, h)
 	}
+	sc.handles = handles
 	return snap
 }
 
@@ -224,9 +228,17 @@ func (s *Server) applyLocked(ctx context.Context, now time.Time, plan sched.Plan
 			wake[n] = true
 		}
 	}
-	for _, pe := range plan.Pending {
+	handles := s.scheduling.handles
+	for i := range plan.Pending {
+		pe := &plan.Pending[i]
 		id, r := pe.Job, pe.Reason
-		n := s.view.NoteReason(id, r) // one lookup for every waiting job, and no read of its record
+		// No lookup and no read of its record for a job of the snapshot.
+		var n state.Noted
+		if j, k := pe.SnapshotJob(); k >= 0 && k < len(handles) && handles[k].Job() == j {
+			n = s.view.NoteReasonAt(handles[k], r)
+		} else {
+			n = s.view.NoteReason(id, r)
+		}
 		if n.Job == nil || !n.Waiting || (n.HasCode && n.Code == r.Code()) {
 			continue
 		}

@@ -94,6 +94,9 @@ func New() *State {
 
 // Reset drops the whole view (a term ended, or one is about to load).
 func (st *State) Reset() {
+	for _, e := range st.order {
+		e.at = -1 // stale handles
+	}
 	st.jobs = map[string]*entry{}
 	st.order = nil
 	st.nodes = map[string]*broker.Node{}
@@ -131,13 +134,14 @@ func (st *State) put(j *broker.Job) {
 	st.hold(j)
 }
 
-// drop takes job id's entry out of the view.
+// drop takes job id's entry out of the view; its handles go stale.
 func (st *State) drop(e *entry) {
 	delete(st.jobs, e.job.ID)
 	last := st.order[len(st.order)-1]
 	st.order[e.at], last.at = last, e.at
 	st.order[len(st.order)-1] = nil
 	st.order = st.order[:len(st.order)-1]
+	e.at = -1
 }
 
 // hold records j's placements in byNode when it holds GPUs.
@@ -297,12 +301,48 @@ func (st *State) NoteReason(id string, r sched.Reason) Noted {
 	if e == nil {
 		return Noted{}
 	}
+	return e.note(r)
+}
+
+func (e *entry) note(r sched.Reason) Noted {
 	e.reason, e.hasReason = r, true
 	n := Noted{Job: e.job, Waiting: e.waiting, Code: e.code, HasCode: e.hasCode}
 	if e.saved != 0 {
 		n.SavedAt, n.Saved = time.Unix(0, e.saved), true
 	}
 	return n
+}
+
+// Handle is one job's entry in the view, as JobHandles gives it: it lets
+// NoteReasonAt skip the lookup by id. It goes stale when the job leaves
+// the view or the view is Reset.
+type Handle struct {
+	e *entry
+	j *broker.Job // the record when the handle was given
+}
+
+// Job is the record the handle was given with.
+func (h Handle) Job() *broker.Job { return h.j }
+
+// JobHandles yields what Jobs yields, each job with its handle.
+func (st *State) JobHandles() iter.Seq2[*broker.Job, Handle] {
+	return func(yield func(*broker.Job, Handle) bool) {
+		for _, e := range st.order {
+			if !yield(e.job, Handle{e, e.job}) {
+				return
+			}
+		}
+	}
+}
+
+// NoteReasonAt is NoteReason for the job of h, without a lookup; a stale
+// handle notes nothing and returns a nil Job, as for a job not in the
+// view.
+func (st *State) NoteReasonAt(h Handle, r sched.Reason) Noted {
+	if h.e == nil || h.e.at < 0 {
+		return Noted{}
+	}
+	return h.e.note(r)
 }
 
 // DropReason forgets job id's pending reason.

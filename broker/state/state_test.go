@@ -289,3 +289,43 @@ func TestJobsOrderStable(t *testing.T) {
 		t.Fatalf("after Reset: %v", got)
 	}
 }
+
+// TestNoteReasonAt: a handle notes the reason of its job without a lookup,
+// follows the record through Apply, and goes stale when the job leaves the
+// view or the view is Reset, so that a plan applied late notes nothing for
+// such a job.
+func TestNoteReasonAt(t *testing.T) {
+	st := New()
+	a, b := job("a", broker.StatePending), job("b", broker.StatePending)
+	st.Apply([]*broker.Job{a, b}, nil, nil)
+	hs := map[string]Handle{}
+	for j, h := range st.JobHandles() {
+		if h.Job() != j {
+			t.Fatalf("handle of %s carries %v", j.ID, h.Job())
+		}
+		hs[j.ID] = h
+	}
+	a2 := with(a, broker.StatePending)
+	st.Apply([]*broker.Job{a2}, nil, nil)
+	if n := st.NoteReasonAt(hs["a"], reason("quota")); n.Job != a2 || !n.Waiting {
+		t.Fatalf("NoteReasonAt(a) = %+v; want the applied record, waiting", n)
+	}
+	if r, ok := st.Reason("a"); !ok || r.Code() != "quota" {
+		t.Fatalf("reason %q, %v; want quota", r.Code(), ok)
+	}
+	st.Apply([]*broker.Job{with(b, broker.StateCancelled)}, nil, nil)
+	if n := st.NoteReasonAt(hs["b"], reason("quota")); n.Job != nil {
+		t.Fatal("a handle of a job that left noted a reason")
+	}
+	st.Reset()
+	st.Apply([]*broker.Job{a2}, nil, nil)
+	if n := st.NoteReasonAt(hs["a"], reason("resources")); n.Job != nil {
+		t.Fatal("a handle from before Reset noted a reason")
+	}
+	if _, ok := st.Reason("a"); ok {
+		t.Fatal("the stale handle's reason reached the new view")
+	}
+	if n := st.NoteReasonAt(Handle{}, reason("resources")); n.Job != nil {
+		t.Fatal("the zero handle noted a reason")
+	}
+}
