@@ -352,15 +352,6 @@ func (st *State) DropReason(id string) {
 	}
 }
 
-// ReasonSaved is when job id's reason was last written to the store, if
-// it was in this term.
-func (st *State) ReasonSaved(id string) (time.Time, bool) {
-	if e := st.jobs[id]; e != nil && e.saved != 0 {
-		return time.Unix(0, e.saved), true
-	}
-	return time.Time{}, false
-}
-
 // NoteReasonSaved records that job id's reason was written at at.
 func (st *State) NoteReasonSaved(id string, at time.Time) {
 	if e := st.jobs[id]; e != nil {

@@ -107,11 +107,13 @@ func TestApplyDropsTerminalJobs(t *testing.T) {
 	if _, ok := st.Reason("a"); ok {
 		t.Fatal("reason kept for a job that left")
 	}
-	if _, ok := st.ReasonSaved("a"); ok {
-		t.Fatal("reason's save time kept for a job that left")
-	}
 	if st.IO("a") != (IO{}) {
 		t.Fatal("I/O reading kept for a job that left")
+	}
+	// Back in the view, it starts afresh.
+	st.Apply([]*broker.Job{with(a, broker.StatePending)}, nil, nil)
+	if n := st.NoteReason("a", reason("resources")); n.Saved {
+		t.Fatal("reason's save time kept for a job that left")
 	}
 }
 
