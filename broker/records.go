@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 )
 
 func getJSON(tx Tx, b Bucket, key string, v any) error {
@@ -104,7 +106,9 @@ type JobPage struct {
 	Folded map[string][]*Job
 }
 
-func (f JobFilter) match(j *Job) bool {
+// Match reports whether j is one the filter lists (the cursor and the
+// limit aside).
+func (f JobFilter) Match(j *Job) bool {
 	if f.Team != "" && j.Spec.Team != f.Team {
 		return false
 	}
@@ -125,9 +129,10 @@ func (f JobFilter) match(j *Job) bool {
 	return true
 }
 
-// onlyActive reports whether every state the filter asks for is
-// non-terminal, so the active index can serve the listing.
-func (f JobFilter) onlyActive() bool {
+// OnlyActive reports whether every state the filter asks for is
+// non-terminal, so the active index (or the leader's view, which holds the
+// same jobs) can serve the listing.
+func (f JobFilter) OnlyActive() bool {
 	if len(f.States) == 0 {
 		return false
 	}
@@ -139,39 +144,160 @@ func (f JobFilter) onlyActive() bool {
 	return true
 }
 
-// ListJobs returns up to f.Limit jobs matching f, newest first, and the
-// cursor for the next page.
-func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
+// pager builds one page of a listing from the jobs met newest first.
+type pager struct {
+	f     JobFilter
+	pg    JobPage
+	last  string // the oldest id on the page, listed or folded
+	folds map[string]bool
+}
+
+func newPager(f JobFilter) *pager {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	var pg JobPage
-	var last string // the oldest id on the page, listed or folded
-	folds := map[string]bool{}
-	visit := func(j *Job) error {
-		if !f.match(j) {
-			return nil
-		}
-		foldable := f.FoldArrays && j.ArrayID != "" && j.State == StatePending
-		if foldable && folds[j.ArrayID] {
-			if pg.Folded == nil {
-				pg.Folded = map[string][]*Job{}
-			}
-			pg.Folded[j.ArrayID] = append(pg.Folded[j.ArrayID], j)
-			last = j.ID
-			return nil
-		}
-		if len(pg.Jobs) == f.Limit {
-			pg.Next = last
-			return ErrStopScan
-		}
-		if foldable {
-			folds[j.ArrayID] = true
-		}
-		pg.Jobs = append(pg.Jobs, j)
-		last = j.ID
+	return &pager{f: f, folds: map[string]bool{}}
+}
+
+// visit takes the next job, newest first; ErrStopScan: the page is full.
+func (p *pager) visit(j *Job) error {
+	f, pg := &p.f, &p.pg
+	if !f.Match(j) {
 		return nil
 	}
+	foldable := f.FoldArrays && j.ArrayID != "" && j.State == StatePending
+	if foldable && p.folds[j.ArrayID] {
+		if pg.Folded == nil {
+			pg.Folded = map[string][]*Job{}
+		}
+		pg.Folded[j.ArrayID] = append(pg.Folded[j.ArrayID], j)
+		p.last = j.ID
+		return nil
+	}
+	if len(pg.Jobs) == f.Limit {
+		pg.Next = p.last
+		return ErrStopScan
+	}
+	if foldable {
+		p.folds[j.ArrayID] = true
+	}
+	pg.Jobs = append(pg.Jobs, j)
+	p.last = j.ID
+	return nil
+}
+
+// PageJobs is ListJobs over jobs already in hand, in any order, such as
+// the leader's view of the active ones: the same page, cursor and folding
+// as ListJobs gives over the store, at the cost of one pass and a heap of
+// f.Limit+1 rows, not a sort of every job. Folded elements come in no
+// particular order.
+func PageJobs(f JobFilter, jobs []*Job) JobPage {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	// A row is a job, or an array's waiting elements under the newest of
+	// them when folding.
+	rows := &newestJobs{k: f.Limit + 1}
+	groups := map[string][]*Job{}
+	for _, j := range jobs {
+		if (f.Cursor != "" && j.ID >= f.Cursor) || !f.Match(j) {
+			continue
+		}
+		if f.FoldArrays && j.ArrayID != "" && j.State == StatePending {
+			groups[j.ArrayID] = append(groups[j.ArrayID], j)
+			continue
+		}
+		rows.offer(j)
+	}
+	for _, g := range groups {
+		rows.offer(slices.MaxFunc(g, func(a, b *Job) int { return strings.Compare(a.ID, b.ID) }))
+	}
+	var pg JobPage
+	pg.Jobs = rows.sorted()
+	// ListJobs meets the jobs newest first and stops at the first row past
+	// the page: only what is newer than that row is on the page.
+	bound := ""
+	if len(pg.Jobs) > f.Limit {
+		bound = pg.Jobs[f.Limit].ID
+		pg.Jobs = pg.Jobs[:f.Limit]
+	}
+	if len(pg.Jobs) == 0 {
+		return JobPage{}
+	}
+	last := pg.Jobs[len(pg.Jobs)-1].ID
+	for _, row := range pg.Jobs {
+		g := groups[row.ArrayID]
+		if row.ArrayID == "" || row.State != StatePending || len(g) < 2 {
+			continue
+		}
+		for _, e := range g {
+			if e != row && e.ID > bound {
+				if pg.Folded == nil {
+					pg.Folded = map[string][]*Job{}
+				}
+				pg.Folded[row.ArrayID] = append(pg.Folded[row.ArrayID], e)
+				last = min(last, e.ID)
+			}
+		}
+	}
+	if bound != "" {
+		pg.Next = last
+	}
+	return pg
+}
+
+// newestJobs keeps the k jobs with the greatest ids offered to it: a
+// min-heap on id, the oldest kept at [0].
+type newestJobs struct {
+	k    int
+	heap []*Job
+}
+
+func (h *newestJobs) offer(j *Job) {
+	if len(h.heap) < h.k {
+		h.heap = append(h.heap, j)
+		for i := len(h.heap) - 1; i > 0; {
+			p := (i - 1) / 2
+			if h.heap[p].ID <= h.heap[i].ID {
+				break
+			}
+			h.heap[p], h.heap[i] = h.heap[i], h.heap[p]
+			i = p
+		}
+		return
+	}
+	if j.ID <= h.heap[0].ID {
+		return
+	}
+	h.heap[0] = j
+	for i, n := 0, len(h.heap); ; {
+		m, l, r := i, 2*i+1, 2*i+2
+		if l < n && h.heap[l].ID < h.heap[m].ID {
+			m = l
+		}
+		if r < n && h.heap[r].ID < h.heap[m].ID {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h.heap[i], h.heap[m] = h.heap[m], h.heap[i]
+		i = m
+	}
+}
+
+// sorted returns the kept jobs, newest first.
+func (h *newestJobs) sorted() []*Job {
+	out := slices.Clone(h.heap)
+	slices.SortFunc(out, func(a, b *Job) int { return strings.Compare(b.ID, a.ID) })
+	return out
+}
+
+// ListJobs returns up to f.Limit jobs matching f, newest first, and the
+// cursor for the next page.
+func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
+	p := newPager(f)
+	visit := p.visit
 	decode := func(_ string, raw []byte) error {
 		var j Job
 		if err := json.Unmarshal(raw, &j); err != nil {
@@ -206,7 +332,7 @@ func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 			}
 			return visit(j)
 		})
-	} else if f.onlyActive() {
+	} else if f.OnlyActive() {
 		err = tx.ScanReverse(BucketActive, "", f.Cursor, func(id string, _ []byte) error {
 			j, err := GetJob(tx, id)
 			if err != nil {
@@ -220,7 +346,7 @@ func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 	if err != nil && !errors.Is(err, ErrStopScan) {
 		return JobPage{}, err
 	}
-	return pg, nil
+	return p.pg, nil
 }
 
 // GetNode reads one node, or returns ErrNotFound.

@@ -108,16 +108,17 @@ func (s *Server) getArray(c echo.Context) error {
 		return err
 	}
 	s.overlayReasons(elems)
-	return c.JSON(http.StatusOK, arrayView(id, elems))
+	return c.JSON(http.StatusOK, arrayView(id, elems, pendingCode))
 }
 
-// arrayView sums up an array's elements (in index order).
-func arrayView(id string, elems []*broker.Job) api.ArrayView {
+// arrayView sums up an array's elements (in any order), counting the
+// waiting ones by their reason's code.
+func arrayView(id string, elems []*broker.Job, code func(*broker.Job) string) api.ArrayView {
 	first := elems[0]
 	v := api.ArrayView{ArrayID: id, Name: first.Spec.Name, Team: first.Spec.Team, Queue: first.Spec.Queue,
 		Priority: first.Spec.Priority, User: first.User, GPUs: first.TotalGPUs(), SubmittedAt: first.SubmittedAt,
 		Count: len(elems), States: map[broker.State]int{}, Waiting: map[string]int{}}
-	var pending, all []int
+	pending, all := make([]int, 0, len(elems)), make([]int, 0, len(elems))
 	var lastEnd time.Time
 	active := false
 	for _, j := range elems {
@@ -142,12 +143,14 @@ func arrayView(id string, elems []*broker.Job) api.ArrayView {
 		if j.Hold != nil {
 			v.Held++
 		}
-		code := "waiting"
-		if j.Pending != nil && j.Pending.Code != "" {
-			code = j.Pending.Code
+		c := code(j)
+		if c == "" {
+			c = "waiting"
 		}
-		v.Waiting[code]++
+		v.Waiting[c]++
 	}
+	slices.Sort(all)
+	slices.Sort(pending)
 	v.Indexes, v.PendingIndexes = broker.FormatIndexes(all), broker.FormatIndexes(pending)
 	return v
 }
@@ -304,7 +307,7 @@ func (s *Server) changeArray(c echo.Context, action string, change func(j *broke
 		jj.History = append(jj.History, broker.Transition{At: now, From: jj.State, To: jj.State, Reason: action[len("array."):], Detail: detail})
 		changed = append(changed, jj)
 	}
-	view := arrayView(id, elems)
+	view := arrayView(id, elems, pendingCode)
 	oldVal, newVal, err := check(view, len(changed))
 	if err != nil {
 		return err
@@ -326,8 +329,16 @@ func (s *Server) changeArray(c echo.Context, action string, change func(j *broke
 	s.log.Info("job array "+action[len("array."):], "array", id, "by", p.Name, "changed", len(changed), "old", oldVal, "new", newVal)
 	s.kick()
 	s.overlayReasonsLocked(elems)
-	out.Array = arrayView(id, elems)
+	out.Array = arrayView(id, elems, pendingCode)
 	return c.JSON(http.StatusOK, out)
+}
+
+// pendingCode is the code of the reason a job carries ("" if none).
+func pendingCode(j *broker.Job) string {
+	if j.Pending == nil {
+		return ""
+	}
+	return j.Pending.Code
 }
 
 // addArrayEnv gives an array element its index and its array's id.

@@ -58,28 +58,7 @@ func benchBrokerCycle(b *testing.B, nodes int) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	const arraySize = 1000
-	for from := 0; from < n; from += 10_000 {
-		if err := st.Update(context.Background(), func(tx broker.Tx) error {
-			for i := from; i < min(n, from+10_000); i++ {
-				at := t0.Add(time.Duration(i/arraySize) * time.Second)
-				idx := i % arraySize
-				arr := fmt.Sprintf("01M93Y1BY5%012dAAAA", i/arraySize)
-				j := &broker.Job{ID: fmt.Sprintf("01M93Y1BY5%012d%04d", i/arraySize, idx+1), ArrayID: arr, ArrayIndex: &idx,
-					State: broker.StatePending, SubmittedAt: at, User: "alice",
-					Spec: broker.Spec{Name: "sweep", Team: "nlp", Queue: "default", Priority: "low",
-						Resources: broker.Resources{GPUs: 1 << (i % 4), Nodes: 1}, Timeout: broker.Duration(4 * time.Hour),
-						Command: []string{"python", "train.py"}},
-					History: []broker.Transition{{At: at, To: broker.StatePending, Reason: "submitted"}}}
-				if err := broker.PutJob(tx, j); err != nil {
-					return err
-				}
-			}
-			return nil
-		}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	loadSweep(b, st, n)
 	now := t0.Add(time.Hour)
 	if err := st.Update(context.Background(), func(tx broker.Tx) error {
 		for k := range nodes {
@@ -127,4 +106,33 @@ func benchBrokerCycle(b *testing.B, nodes int) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/cycle")
+}
+
+// loadSweep writes n pending jobs of one team straight into the store:
+// 1,000-element arrays submitted a second apart from t0, with 1, 2, 4 or
+// 8 GPUs each, as a sweep is.
+func loadSweep(b *testing.B, st broker.Store, n int) {
+	b.Helper()
+	const arraySize = 1000
+	for from := 0; from < n; from += 10_000 {
+		if err := st.Update(context.Background(), func(tx broker.Tx) error {
+			for i := from; i < min(n, from+10_000); i++ {
+				at := t0.Add(time.Duration(i/arraySize) * time.Second)
+				idx := i % arraySize
+				arr := fmt.Sprintf("01M93Y1BY5%012dAAAA", i/arraySize)
+				j := &broker.Job{ID: fmt.Sprintf("01M93Y1BY5%012d%04d", i/arraySize, idx+1), ArrayID: arr, ArrayIndex: &idx,
+					State: broker.StatePending, SubmittedAt: at, User: "alice",
+					Spec: broker.Spec{Name: "sweep", Team: "nlp", Queue: "default", Priority: "low",
+						Resources: broker.Resources{GPUs: 1 << (i % 4), Nodes: 1}, Timeout: broker.Duration(4 * time.Hour),
+						Command: []string{"python", "train.py"}},
+					History: []broker.Transition{{At: at, To: broker.StatePending, Reason: "submitted"}}}
+				if err := broker.PutJob(tx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
