@@ -186,8 +186,8 @@ func (p *pager) visit(j *Job) error {
 	return nil
 }
 
-// PageJobs is ListJobs over jobs already in hand, in any order, such as
-// the leader's view of the active ones: the same page, cursor and folding
+// PageJobs is ListJobs over jobs already in hand, in any order (fastest
+// oldest first), such as the leader's view of the active ones: the same page, cursor and folding
 // as ListJobs gives over the store, at the cost of one pass and a heap of
 // f.Limit+1 rows, not a sort of every job. Folded elements come in no
 // particular order.
@@ -199,7 +199,10 @@ func PageJobs(f JobFilter, jobs []*Job) JobPage {
 	// them when folding.
 	rows := &newestJobs{k: f.Limit + 1}
 	groups := map[string][]*Job{}
-	for _, j := range jobs {
+	// From the end: a caller that holds its jobs roughly in submit order,
+	// as the leader's view does, gives the newest first, and once the heap
+	// is full most of the rest are turned away by one comparison.
+	for _, j := range slices.Backward(jobs) {
 		if (f.Cursor != "" && j.ID >= f.Cursor) || !f.Match(j) {
 			continue
 		}
@@ -318,6 +321,16 @@ func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 			to = f.Cursor
 		}
 		err = tx.ScanReverse(BucketJobs, f.Array, to, decode)
+	} else if f.OnlyActive() {
+		// Active jobs only: the active index, which holds what runs or
+		// waits now, not a team's index, which holds its whole past.
+		err = tx.ScanReverse(BucketActive, "", f.Cursor, func(id string, _ []byte) error {
+			j, err := GetJob(tx, id)
+			if err != nil {
+				return err
+			}
+			return visit(j)
+		})
 	} else if f.Team != "" {
 		// One team's jobs: its index, not every job (finding 6).
 		prefix := f.Team + "/"
@@ -327,14 +340,6 @@ func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 		}
 		err = tx.ScanReverse(BucketTeamJobs, prefix, to, func(key string, _ []byte) error {
 			j, err := GetJob(tx, key[len(prefix):])
-			if err != nil {
-				return err
-			}
-			return visit(j)
-		})
-	} else if f.OnlyActive() {
-		err = tx.ScanReverse(BucketActive, "", f.Cursor, func(id string, _ []byte) error {
-			j, err := GetJob(tx, id)
 			if err != nil {
 				return err
 			}

@@ -310,7 +310,7 @@ func (s *Server) listJobs(c echo.Context) error {
 		f.FoldArrays = fold
 	}
 	pg, live := broker.JobPage{}, false
-	if f.FoldArrays && f.OnlyActive() {
+	if f.OnlyActive() && (f.FoldArrays || f.Team != "" || f.Queue != "") {
 		pg, live = s.viewPage(f)
 	}
 	if !live {
@@ -353,13 +353,15 @@ func (s *Server) listJobs(c echo.Context) error {
 	return c.JSON(http.StatusOK, out)
 }
 
-// viewPage answers a folded listing of active jobs from the leader's view,
-// which holds the same jobs as the store's active index: from the store, a
-// page that folds a 100,000-element array decodes 100,000 records (a
-// second and 200 MB on a small machine); from the view it is one pass over
-// records in memory. An unfolded page stays with the store, which stops at
-// the page's end. ok is false on a standby, whose view is not kept; the
-// store answers there.
+// viewPage answers a listing of active jobs from the leader's view, which
+// holds the same jobs as the store's active index, in one pass over records
+// in memory. From the store, a page that folds a 100,000-element array
+// decodes 100,000 records, and a team's page may decode every active job
+// of the other teams before it finds its own (a second and 200 MB on a
+// small machine at 100,000). The listing calls it for folded pages and for
+// pages of one team or queue; an unfiltered, unfolded page stays with the
+// store, which reads only the page. ok is false on a standby, whose view
+// is not kept; the store answers there.
 func (s *Server) viewPage(f broker.JobFilter) (pg broker.JobPage, ok bool) {
 	s.lock()
 	if !s.mayDecideLocked() {

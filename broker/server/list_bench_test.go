@@ -13,29 +13,68 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
 // BenchmarkListJobs is one page of `spillway jobs` (active states, 100
-// rows) at SPILLWAY_BENCH_PENDING (default 100,000) pending jobs of one
-// team, loaded as BenchmarkBrokerCycle loads them: 1,000-element arrays.
-// fold=true is the table's request, each array's waiting elements on one
-// line with their counts (foldArrays); fold=false is --expand and --json,
-// one record a job. It reports the page's time and what it allocates.
+// rows) as a user of team nlp asks for it, and reports the page's time and
+// what it allocates.
+//
+// fold=true and fold=false: SPILLWAY_BENCH_PENDING (default 100,000)
+// pending jobs of the team, loaded as BenchmarkBrokerCycle loads them
+// (1,000-element arrays). fold=true is the table's request, each array's
+// waiting elements on one line with their counts (foldArrays); fold=false
+// is --expand and --json, one record a job.
+//
+// history: the team's 100 pending jobs after 100,000 that have finished,
+// unfolded (--json): a team with a long past and a short queue.
 func BenchmarkListJobs(b *testing.B) {
-	for _, fold := range []bool{true, false} {
-		b.Run(fmt.Sprintf("fold=%t", fold), func(b *testing.B) { benchListJobs(b, fold) })
-	}
-}
-
-func benchListJobs(b *testing.B, fold bool) {
 	n := 100_000
 	if v, err := strconv.Atoi(os.Getenv("SPILLWAY_BENCH_PENDING")); err == nil && v > 0 {
 		n = v
 	}
+	sweep := func(b *testing.B, st broker.Store) { loadSweep(b, st, n) }
+	for _, fold := range []bool{true, false} {
+		b.Run(fmt.Sprintf("fold=%t", fold), func(b *testing.B) { benchListJobs(b, fold, sweep) })
+	}
+	b.Run("history", func(b *testing.B) { benchListJobs(b, false, loadHistory) })
+}
+
+// loadHistory writes 100,000 finished jobs of team nlp, then 100 pending.
+func loadHistory(b *testing.B, st broker.Store) {
+	b.Helper()
+	const done, pending = 100_000, 100
+	for from := 0; from < done+pending; from += 10_000 {
+		if err := st.Update(context.Background(), func(tx broker.Tx) error {
+			for i := from; i < min(done+pending, from+10_000); i++ {
+				at := t0.Add(time.Duration(i) * time.Second)
+				j := &broker.Job{ID: fmt.Sprintf("01M93Y1BY5%012d%04d", i, 0), State: broker.StatePending, SubmittedAt: at, User: "alice",
+					Spec: broker.Spec{Name: "train", Team: "nlp", Queue: "default", Priority: "low",
+						Resources: broker.Resources{GPUs: 1, Nodes: 1}, Timeout: broker.Duration(4 * time.Hour),
+						Command: []string{"python", "train.py"}},
+					History: []broker.Transition{{At: at, To: broker.StatePending, Reason: "submitted"}}}
+				if i < done {
+					end := at.Add(time.Minute)
+					j.State, j.EndedAt = broker.StateSucceeded, &end
+					j.History = append(j.History, broker.Transition{At: end, From: broker.StatePending, To: broker.StateSucceeded, Reason: "exited"})
+				}
+				if err := broker.PutJob(tx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchListJobs(b *testing.B, fold bool, load func(*testing.B, broker.Store)) {
 	dir := b.TempDir()
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 listen: 127.0.0.1:0
@@ -52,7 +91,7 @@ auth:
 		b.Fatal(err)
 	}
 	defer st.Close()
-	loadSweep(b, st, n)
+	load(b, st)
 	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
@@ -73,8 +112,9 @@ auth:
 	if err := json.Unmarshal(list().Body.Bytes(), &page); err != nil {
 		b.Fatal(err)
 	}
-	// Folded, the 100 rows are every array: no next page.
-	if len(page.Jobs) != 100 || (page.Next == "") != fold {
+	// Folded, the 100 rows are every array: no next page; the history's
+	// 100 pending jobs are all there is.
+	if len(page.Jobs) != 100 || (page.Next == "") != (fold || page.Jobs[0].Spec.Name == "train") {
 		b.Fatalf("first page: %d jobs, next %q", len(page.Jobs), page.Next)
 	}
 	if fold {
