@@ -107,8 +107,10 @@ func (s *Server) getArray(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.overlayReasons(elems)
-	return c.JSON(http.StatusOK, arrayView(id, elems, pendingCode))
+	s.lock()
+	v := arrayView(id, elems, s.waitingCodeLocked)
+	s.mu.Unlock()
+	return c.JSON(http.StatusOK, v)
 }
 
 // arrayView sums up an array's elements (in any order), counting the
@@ -328,8 +330,7 @@ func (s *Server) changeArray(c echo.Context, action string, change func(j *broke
 	}
 	s.log.Info("job array "+action[len("array."):], "array", id, "by", p.Name, "changed", len(changed), "old", oldVal, "new", newVal)
 	s.kick()
-	s.overlayReasonsLocked(elems)
-	out.Array = arrayView(id, elems, pendingCode)
+	out.Array = arrayView(id, elems, s.waitingCodeLocked)
 	return c.JSON(http.StatusOK, out)
 }
 
