@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
@@ -44,10 +42,7 @@ func BenchmarkBrokerCycle(b *testing.B) {
 }
 
 func benchBrokerCycle(b *testing.B, nodes int) {
-	n := 100_000
-	if v, err := strconv.Atoi(os.Getenv("SPILLWAY_BENCH_PENDING")); err == nil && v > 0 {
-		n = v
-	}
+	n := benchPending()
 	dir := b.TempDir()
 	cfg, err := config.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\ndataDir: %s\n", dir)))
 	if err != nil {

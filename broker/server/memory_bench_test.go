@@ -35,10 +35,7 @@ import (
 // first broker. docs/benchmarks.md records the figures; the goal is ≤ 400 MB
 // both ways at 100,000 pending jobs.
 func BenchmarkPendingMemory(b *testing.B) {
-	n := 100_000
-	if v, err := strconv.Atoi(os.Getenv("SPILLWAY_BENCH_PENDING")); err == nil && v > 0 {
-		n = v
-	}
+	n := benchPending()
 	for range b.N {
 		dir := b.TempDir()
 		cfg, err := config.Parse([]byte(fmt.Sprintf(`
@@ -173,4 +170,13 @@ func (s *Server) pendingCount() int {
 		}
 	}
 	return n
+}
+
+// benchPending is how many pending jobs the broker benchmarks load:
+// SPILLWAY_BENCH_PENDING, 100,000 when unset.
+func benchPending() int {
+	if v, err := strconv.Atoi(os.Getenv("SPILLWAY_BENCH_PENDING")); err == nil && v > 0 {
+		return v
+	}
+	return 100_000
 }
