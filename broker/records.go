@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"container/heap"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -129,6 +130,20 @@ func (f JobFilter) Match(j *Job) bool {
 	return true
 }
 
+// limit is the page size: Limit, or 100 when unset.
+func (f JobFilter) limit() int {
+	if f.Limit <= 0 {
+		return 100
+	}
+	return f.Limit
+}
+
+// folds reports whether j is one of the array elements that the listing
+// shows under one line (FoldArrays: the waiting ones).
+func (f JobFilter) folds(j *Job) bool {
+	return f.FoldArrays && j.ArrayID != "" && j.State == StatePending
+}
+
 // OnlyActive reports whether every state the filter asks for is
 // non-terminal, so the active index (or the leader's view, which holds the
 // same jobs) can serve the listing.
@@ -146,17 +161,15 @@ func (f JobFilter) OnlyActive() bool {
 
 // pager builds one page of a listing from the jobs met newest first.
 type pager struct {
-	f     JobFilter
-	pg    JobPage
-	last  string // the oldest id on the page, listed or folded
-	folds map[string]bool
+	f      JobFilter
+	pg     JobPage
+	last   string          // the oldest id on the page, listed or folded
+	folded map[string]bool // the arrays with a row on the page
 }
 
 func newPager(f JobFilter) *pager {
-	if f.Limit <= 0 {
-		f.Limit = 100
-	}
-	return &pager{f: f, folds: map[string]bool{}}
+	f.Limit = f.limit()
+	return &pager{f: f, folded: map[string]bool{}}
 }
 
 // visit takes the next job, newest first; ErrStopScan: the page is full.
@@ -165,8 +178,8 @@ func (p *pager) visit(j *Job) error {
 	if !f.Match(j) {
 		return nil
 	}
-	foldable := f.FoldArrays && j.ArrayID != "" && j.State == StatePending
-	if foldable && p.folds[j.ArrayID] {
+	foldable := f.folds(j)
+	if foldable && p.folded[j.ArrayID] {
 		if pg.Folded == nil {
 			pg.Folded = map[string][]*Job{}
 		}
@@ -179,7 +192,7 @@ func (p *pager) visit(j *Job) error {
 		return ErrStopScan
 	}
 	if foldable {
-		p.folds[j.ArrayID] = true
+		p.folded[j.ArrayID] = true
 	}
 	pg.Jobs = append(pg.Jobs, j)
 	p.last = j.ID
@@ -187,14 +200,12 @@ func (p *pager) visit(j *Job) error {
 }
 
 // PageJobs is ListJobs over jobs already in hand, in any order (fastest
-// oldest first), such as the leader's view of the active ones: the same page, cursor and folding
-// as ListJobs gives over the store, at the cost of one pass and a heap of
-// f.Limit+1 rows, not a sort of every job. Folded elements come in no
-// particular order.
+// oldest first), such as the leader's view of the active ones: the same
+// page, cursor and folding as ListJobs gives over the store, at the cost
+// of one pass and a heap of f.Limit+1 rows, not a sort of every job.
+// Folded elements come in no particular order.
 func PageJobs(f JobFilter, jobs []*Job) JobPage {
-	if f.Limit <= 0 {
-		f.Limit = 100
-	}
+	f.Limit = f.limit()
 	// A row is a job, or an array's waiting elements under the newest of
 	// them when folding.
 	rows := &newestJobs{k: f.Limit + 1}
@@ -206,7 +217,7 @@ func PageJobs(f JobFilter, jobs []*Job) JobPage {
 		if (f.Cursor != "" && j.ID >= f.Cursor) || !f.Match(j) {
 			continue
 		}
-		if f.FoldArrays && j.ArrayID != "" && j.State == StatePending {
+		if f.folds(j) {
 			groups[j.ArrayID] = append(groups[j.ArrayID], j)
 			continue
 		}
@@ -250,42 +261,19 @@ func PageJobs(f JobFilter, jobs []*Job) JobPage {
 }
 
 // newestJobs keeps the k jobs with the greatest ids offered to it: a
-// min-heap on id, the oldest kept at [0].
+// min-heap on id (container/heap), the oldest kept at [0].
 type newestJobs struct {
 	k    int
-	heap []*Job
+	heap jobHeap
 }
 
 func (h *newestJobs) offer(j *Job) {
-	if len(h.heap) < h.k {
-		h.heap = append(h.heap, j)
-		for i := len(h.heap) - 1; i > 0; {
-			p := (i - 1) / 2
-			if h.heap[p].ID <= h.heap[i].ID {
-				break
-			}
-			h.heap[p], h.heap[i] = h.heap[i], h.heap[p]
-			i = p
-		}
-		return
-	}
-	if j.ID <= h.heap[0].ID {
-		return
-	}
-	h.heap[0] = j
-	for i, n := 0, len(h.heap); ; {
-		m, l, r := i, 2*i+1, 2*i+2
-		if l < n && h.heap[l].ID < h.heap[m].ID {
-			m = l
-		}
-		if r < n && h.heap[r].ID < h.heap[m].ID {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		h.heap[i], h.heap[m] = h.heap[m], h.heap[i]
-		i = m
+	switch {
+	case len(h.heap) < h.k:
+		heap.Push(&h.heap, j)
+	case j.ID > h.heap[0].ID:
+		h.heap[0] = j
+		heap.Fix(&h.heap, 0)
 	}
 }
 
@@ -294,6 +282,20 @@ func (h *newestJobs) sorted() []*Job {
 	out := slices.Clone(h.heap)
 	slices.SortFunc(out, func(a, b *Job) int { return strings.Compare(b.ID, a.ID) })
 	return out
+}
+
+// jobHeap orders jobs by id, smallest first, for container/heap.
+type jobHeap []*Job
+
+func (h jobHeap) Len() int           { return len(h) }
+func (h jobHeap) Less(a, b int) bool { return h[a].ID < h[b].ID }
+func (h jobHeap) Swap(a, b int)      { h[a], h[b] = h[b], h[a] }
+func (h *jobHeap) Push(x any)        { *h = append(*h, x.(*Job)) }
+func (h *jobHeap) Pop() any {
+	old := *h
+	j := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return j
 }
 
 // ListJobs returns up to f.Limit jobs matching f, newest first, and the
