@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 func getJSON(tx Tx, b Bucket, key string, v any) error {
@@ -66,17 +68,59 @@ func PutJobEncoded(tx Tx, j *Job, raw []byte) error {
 
 // ActiveJobs returns every non-terminal job, oldest id first.
 func ActiveJobs(tx Tx) ([]*Job, error) {
-	var out []*Job
-	err := tx.Scan(BucketActive, "", "", func(id string, _ []byte) error {
-		j, err := GetJob(tx, id)
-		if err != nil {
-			return fmt.Errorf("active job %s: %w", id, err)
-		}
-		out = append(out, j)
+	var ids []string
+	if err := tx.Scan(BucketActive, "", "", func(id string, _ []byte) error {
+		ids = append(ids, id)
 		return nil
-	})
-	return out, err
+	}); err != nil {
+		return nil, err
+	}
+	return GetJobs(tx, ids)
 }
+
+// GetJobs reads the jobs ids name, in order, a thousand at a time through
+// GetMany (one round trip each on Redis); a missing one is an error. The
+// records are decoded on every processor: decoding is most of a restart's
+// load.
+func GetJobs(tx Tx, ids []string) ([]*Job, error) {
+	out := make([]*Job, len(ids))
+	workers := runtime.GOMAXPROCS(0)
+	for from := 0; from < len(ids); from += getJobsChunk {
+		chunk := ids[from:min(len(ids), from+getJobsChunk)]
+		raws, err := GetMany(tx, BucketJobs, chunk)
+		if err != nil {
+			return nil, err
+		}
+		errs := make([]error, workers)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := w * len(chunk) / workers; i < (w+1)*len(chunk)/workers; i++ {
+					if raws[i] == nil {
+						errs[w] = fmt.Errorf("job %s: %w", chunk[i], ErrNotFound)
+						return
+					}
+					j := new(Job)
+					if err := json.Unmarshal(raws[i], j); err != nil {
+						errs[w] = fmt.Errorf("decode %s/%s: %w", BucketJobs, chunk[i], err)
+						return
+					}
+					out[from+i] = j
+				}
+			})
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// getJobsChunk is how many jobs GetJobs reads at a time.
+const getJobsChunk = 1000
 
 // JobFilter selects jobs in ListJobs. Empty fields match everything.
 type JobFilter struct {
@@ -326,13 +370,7 @@ func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 	} else if f.OnlyActive() {
 		// Active jobs only: the active index, which holds what runs or
 		// waits now, not a team's index, which holds its whole past.
-		err = tx.ScanReverse(BucketActive, "", f.Cursor, func(id string, _ []byte) error {
-			j, err := GetJob(tx, id)
-			if err != nil {
-				return err
-			}
-			return visit(j)
-		})
+		err = scanIndexedJobs(tx, BucketActive, "", f.Cursor, "", visit)
 	} else if f.Team != "" {
 		// One team's jobs: its index, not every job (finding 6).
 		prefix := f.Team + "/"
@@ -340,13 +378,7 @@ func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 		if f.Cursor != "" {
 			to = prefix + f.Cursor
 		}
-		err = tx.ScanReverse(BucketTeamJobs, prefix, to, func(key string, _ []byte) error {
-			j, err := GetJob(tx, key[len(prefix):])
-			if err != nil {
-				return err
-			}
-			return visit(j)
-		})
+		err = scanIndexedJobs(tx, BucketTeamJobs, prefix, to, prefix, visit)
 	} else {
 		err = tx.ScanReverse(BucketJobs, "", f.Cursor, decode)
 	}
@@ -355,6 +387,41 @@ func ListJobs(tx Tx, f JobFilter) (JobPage, error) {
 	}
 	return p.pg, nil
 }
+
+// scanIndexedJobs visits, newest first, the jobs an index (active, or a
+// team's) names in [from, to), each key less prefix being a job id. The
+// jobs are read indexBatch at a time (one round trip on Redis), so a
+// visit that stops early has had at most one batch read beyond it.
+func scanIndexedJobs(tx Tx, index Bucket, from, to, prefix string, visit func(*Job) error) error {
+	ids := make([]string, 0, indexBatch)
+	flush := func() error {
+		jobs, err := GetJobs(tx, ids)
+		if err != nil {
+			return err
+		}
+		ids = ids[:0]
+		for _, j := range jobs {
+			if err := visit(j); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	err := tx.ScanReverse(index, from, to, func(key string, _ []byte) error {
+		ids = append(ids, key[len(prefix):])
+		if len(ids) < indexBatch {
+			return nil
+		}
+		return flush()
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
+// indexBatch is how many jobs scanIndexedJobs reads at a time.
+const indexBatch = 128
 
 // GetNode reads one node, or returns ErrNotFound.
 func GetNode(tx Tx, name string) (*Node, error) {

@@ -97,6 +97,38 @@ type Tx interface {
 	ScanReverse(b Bucket, from, to string, fn func(key string, value []byte) error) error
 }
 
+// MultiGetter is implemented by stores that read many keys at once
+// faster than one by one (Redis: one round trip for many keys). Use
+// GetMany, which falls back to Get for the others.
+type MultiGetter interface {
+	// GetMany returns the values of keys, in order, nil for a key that
+	// has none, with the same lifetime as Get's.
+	GetMany(b Bucket, keys []string) ([][]byte, error)
+}
+
+// GetMany returns the values of keys in b, in order, nil for a key that
+// has none: through the store's MultiGetter when it has one, else one
+// Get at a time.
+func GetMany(tx Tx, b Bucket, keys []string) ([][]byte, error) {
+	if m, ok := tx.(MultiGetter); ok {
+		return m.GetMany(b, keys)
+	}
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		v, err := tx.Get(b, k)
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return nil, err
+		case v == nil:
+			out[i] = []byte{} // present, empty
+		default:
+			out[i] = v
+		}
+	}
+	return out, nil
+}
+
 // PrefixEnd returns the smallest key greater than every key with the given
 // prefix, for use as Scan's upper bound.
 func PrefixEnd(prefix string) string {

@@ -200,6 +200,59 @@ func (t *tx) Get(b broker.Bucket, key string) ([]byte, error) {
 	return v, nil
 }
 
+// maxMGet bounds the keys one GetMany round trip asks for, so that a
+// reply stays a few megabytes however many keys the caller has.
+const maxMGet = 1000
+
+// GetMany reads keys in MGETs of up to maxMGet (watched in Update, as
+// Get's), the transaction's own writes first.
+func (t *tx) GetMany(b broker.Bucket, keys []string) ([][]byte, error) {
+	out := make([][]byte, len(keys))
+	var idx []int // of keys to read from Redis
+	var vkeys []string
+	flush := func() error {
+		if len(vkeys) == 0 {
+			return nil
+		}
+		var cmd *goredis.SliceCmd
+		if err := t.pipelined(vkeys, func(p goredis.Pipeliner) { cmd = p.MGet(t.ctx, vkeys...) }); err != nil {
+			return fmt.Errorf("get %s: %w", b, err)
+		}
+		vals, err := cmd.Result()
+		if err != nil {
+			return fmt.Errorf("get %s: %w", b, err)
+		}
+		for i, v := range vals {
+			if s, ok := v.(string); ok {
+				out[idx[i]] = []byte(s)
+			}
+		}
+		idx, vkeys = idx[:0], vkeys[:0]
+		return nil
+	}
+	for i, k := range keys {
+		if v, ok := t.buffered(b, k); ok {
+			if !v.del {
+				out[i] = v.val
+				if out[i] == nil {
+					out[i] = []byte{}
+				}
+			}
+			continue
+		}
+		idx, vkeys = append(idx, i), append(vkeys, t.s.valKey(b, k))
+		if len(vkeys) == maxMGet {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (t *tx) write(b broker.Bucket, key string, v bufVal) error {
 	if !t.writable {
 		return fmt.Errorf("write %s: read-only transaction", b)

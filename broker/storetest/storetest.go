@@ -38,6 +38,9 @@ func Run(t *testing.T, h Harness) {
 		fn   func(*testing.T, Harness)
 	}{
 		{"get put delete", testGetPutDelete},
+		{"get many reads in order and sees own writes", testGetMany},
+		{"get many is serializable", testGetManySerializable},
+		{"active jobs are read in chunks, in order", testActiveJobsChunks},
 		{"scan is ordered and bounded", testScan},
 		{"failed update writes nothing", testRollback},
 		{"view sees only committed data", testIsolation},
@@ -150,6 +153,117 @@ func testGetPutDelete(t *testing.T, h Harness) {
 	}
 }
 
+func testGetMany(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	put(t, s, broker.BucketMeta, "a", "1", "b", "", "c", "3")
+	// str shows a missing value as <nil>, an empty one as "".
+	str := func(vs [][]byte) []string {
+		var out []string
+		for _, v := range vs {
+			if v == nil {
+				out = append(out, "<nil>")
+			} else {
+				out = append(out, strconv.Quote(string(v)))
+			}
+		}
+		return out
+	}
+	keys := []string{"x", "a", "b", "c", "d", "a"}
+	var got []string
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		vs, err := broker.GetMany(tx, broker.BucketMeta, keys)
+		got = str(vs)
+		return err
+	}))
+	if d := cmp.Diff([]string{"<nil>", `"1"`, `""`, `"3"`, "<nil>", `"1"`}, got); d != "" {
+		t.Fatalf("GetMany in View (-want +got):\n%s", d)
+	}
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		must(t, tx.Delete(broker.BucketMeta, "c"))
+		must(t, tx.Put(broker.BucketMeta, "d", []byte("4")))
+		must(t, tx.Put(broker.BucketMeta, "a", nil))
+		vs, err := broker.GetMany(tx, broker.BucketMeta, keys)
+		got = str(vs)
+		return err
+	}))
+	if d := cmp.Diff([]string{"<nil>", `""`, `""`, "<nil>", `"4"`, `""`}, got); d != "" {
+		t.Fatalf("GetMany after the transaction's own writes (-want +got):\n%s", d)
+	}
+	// More keys than one round trip asks for.
+	const n = 2500
+	many := make([]string, n)
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := range n {
+			many[i] = fmt.Sprintf("k%05d", n-1-i) // descending: the order asked is the order answered
+			if err := tx.Put(broker.BucketAudit, many[i], []byte(strconv.Itoa(n-1-i))); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		vs, err := broker.GetMany(tx, broker.BucketAudit, many)
+		if err != nil {
+			return err
+		}
+		for i, v := range vs {
+			if want := strconv.Itoa(n - 1 - i); string(v) != want {
+				t.Fatalf("GetMany of %d keys: [%d] = %q, want %q", n, i, v, want)
+			}
+		}
+		return nil
+	}))
+}
+
+// testGetManySerializable is testSerializable reading through GetMany: a
+// key it read and another transaction wrote makes the commit run again.
+func testGetManySerializable(t *testing.T, h Harness) {
+	countConcurrently(t, h, func(tx broker.Tx) (string, error) {
+		vs, err := broker.GetMany(tx, broker.BucketMeta, []string{"other", "counter"})
+		if err != nil {
+			return "", err
+		}
+		return string(vs[1]), nil
+	})
+}
+
+func testActiveJobsChunks(t *testing.T, h Harness) {
+	s, _ := h.Open(t)
+	const n = 2500
+	var want []string
+	must(t, s.Update(ctx, func(tx broker.Tx) error {
+		for i := range n {
+			st := broker.StatePending
+			if i%7 == 0 {
+				st = broker.StateSucceeded // not active
+			} else {
+				want = append(want, fmt.Sprintf("01J%05d", i))
+			}
+			if err := broker.PutJob(tx, job(fmt.Sprintf("01J%05d", i), "nlp", "default", st)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	var got []string
+	must(t, s.View(ctx, func(tx broker.Tx) error {
+		js, err := broker.ActiveJobs(tx)
+		for _, j := range js {
+			got = append(got, j.ID)
+		}
+		return err
+	}))
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("ActiveJobs (-want +got):\n%s", d)
+	}
+	// An active index entry without its job is an error, not a gap.
+	must(t, s.Update(ctx, func(tx broker.Tx) error { return tx.Put(broker.BucketActive, "01J99999", nil) }))
+	err := s.View(ctx, func(tx broker.Tx) error { _, err := broker.ActiveJobs(tx); return err })
+	if !errors.Is(err, broker.ErrNotFound) || !strings.Contains(err.Error(), "01J99999") {
+		t.Fatalf("ActiveJobs with a dangling index entry: %v, want ErrNotFound naming 01J99999", err)
+	}
+}
+
 func testScan(t *testing.T, h Harness) {
 	s, _ := h.Open(t)
 	if got := keys(t, s, broker.BucketMeta, "", "", false, 0); len(got) != 0 {
@@ -246,25 +360,32 @@ func testIsolation(t *testing.T, h Harness) {
 }
 
 func testSerializable(t *testing.T, h Harness) {
+	countConcurrently(t, h, func(tx broker.Tx) (string, error) {
+		v, err := tx.Get(broker.BucketMeta, "counter")
+		if errors.Is(err, broker.ErrNotFound) {
+			return "", nil
+		}
+		return string(v), err
+	})
+}
+
+// countConcurrently has 8 workers add 1 to a counter 25 times each, each
+// addition an Update that reads the counter through read: no addition
+// may be lost.
+func countConcurrently(t *testing.T, h Harness, read func(broker.Tx) (string, error)) {
 	s, _ := h.Open(t)
 	const workers, each = 8, 25
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < each; i++ {
+	for range workers {
+		wg.Go(func() {
+			for range each {
 				err := s.Update(ctx, func(tx broker.Tx) error {
-					n := 0
-					v, err := tx.Get(broker.BucketMeta, "counter")
-					switch {
-					case errors.Is(err, broker.ErrNotFound):
-					case err != nil:
+					v, err := read(tx)
+					if err != nil {
 						return err
-					default:
-						n, _ = strconv.Atoi(string(v))
 					}
+					n, _ := strconv.Atoi(v)
 					return tx.Put(broker.BucketMeta, "counter", []byte(strconv.Itoa(n+1)))
 				})
 				if err != nil {
@@ -272,7 +393,7 @@ func testSerializable(t *testing.T, h Harness) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)
