@@ -41,31 +41,44 @@ var benchClients = []int{16, 64}
 func BenchmarkSubmit(b *testing.B) {
 	for _, clients := range benchClients {
 		b.Run(fmt.Sprintf("store=bolt/clients=%d", clients), func(b *testing.B) {
-			st, err := bolt.Open(filepath.Join(b.TempDir(), bolt.FileName))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
-			benchSubmit(b, st, clients, false)
+			benchSubmit(b, benchBolt(b), clients, false)
 		})
 	}
 	for _, clients := range benchClients {
 		b.Run(fmt.Sprintf("store=redis/clients=%d", clients), func(b *testing.B) {
-			buf := make([]byte, 6)
-			_, _ = rand.Read(buf)
-			addr := cmp.Or(os.Getenv("SPILLWAY_BENCH_REDIS"), "127.0.0.1:6379")
-			st, err := redis.Open(context.Background(), "redis://"+addr+"/0?prefix=spillway-bench-"+hex.EncodeToString(buf),
-				redis.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			if err != nil {
-				b.Skipf("start redis-server on %s: %v", addr, err)
-			}
-			defer func() {
-				st.Wipe(context.Background())
-				st.Close()
-			}()
-			benchSubmit(b, st, clients, false)
+			benchSubmit(b, benchRedis(b), clients, false)
 		})
 	}
+}
+
+// benchBolt opens a bbolt store in the benchmark's temporary directory,
+// closed when it ends.
+func benchBolt(b *testing.B) broker.Store {
+	st, err := bolt.Open(filepath.Join(b.TempDir(), bolt.FileName))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return st
+}
+
+// benchRedis opens a Redis store (SPILLWAY_BENCH_REDIS, default
+// 127.0.0.1:6379) under a fresh key prefix, wiped and closed when the
+// benchmark ends; without a Redis the benchmark is skipped.
+func benchRedis(b *testing.B) broker.Store {
+	buf := make([]byte, 6)
+	_, _ = rand.Read(buf)
+	addr := cmp.Or(os.Getenv("SPILLWAY_BENCH_REDIS"), "127.0.0.1:6379")
+	st, err := redis.Open(context.Background(), "redis://"+addr+"/0?prefix=spillway-bench-"+hex.EncodeToString(buf),
+		redis.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Skipf("start redis-server on %s: %v", addr, err)
+	}
+	b.Cleanup(func() {
+		st.Wipe(context.Background())
+		st.Close()
+	})
+	return st
 }
 
 // BenchmarkSubmitScheduling is BenchmarkSubmit on the embedded store with
