@@ -111,7 +111,7 @@ func loadSweep(b *testing.B, st broker.Store, n int) {
 	const arraySize = 1000
 	// A store the broker made marks its team index complete when it is
 	// empty; PutJob keeps the index from then on.
-	if err := st.Update(context.Background(), broker.EnsureTeamIndex); err != nil {
+	if err := broker.EnsureTeamIndex(context.Background(), st); err != nil {
 		b.Fatal(err)
 	}
 	for from := 0; from < n; from += 10_000 {

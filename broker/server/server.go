@@ -219,7 +219,7 @@ func New(ctx context.Context, cfg *config.Config, store broker.Store, opt Option
 // before its agent had the chance to reconnect.
 func (s *Server) load(ctx context.Context) error {
 	s.started = s.clock.Now()
-	if err := s.store.Update(ctx, broker.EnsureTeamIndex); err != nil {
+	if err := broker.EnsureTeamIndex(ctx, s.store); err != nil {
 		return fmt.Errorf("build the team index: %w", err)
 	}
 	// No submit is between its commit and its queue while the store is

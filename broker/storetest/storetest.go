@@ -917,13 +917,23 @@ func testTeamIndex(t *testing.T, h Harness) {
 				return err
 			}
 		}
-		// A job from before the index: only in the jobs bucket.
-		old := job("01A000", "quiet", "default", broker.StateSucceeded)
-		raw, err := json.Marshal(old)
-		if err != nil {
-			return err
+		// Jobs from before the index, only in the jobs bucket: one of
+		// quiet's, and more of another team's than the index is built
+		// from at a time.
+		for i := range 2501 {
+			old := job(fmt.Sprintf("01A%04d", i), "past", "default", broker.StateSucceeded)
+			if i == 0 {
+				old = job("01A000", "quiet", "default", broker.StateSucceeded)
+			}
+			raw, err := json.Marshal(old)
+			if err != nil {
+				return err
+			}
+			if err := tx.Put(broker.BucketJobs, old.ID, raw); err != nil {
+				return err
+			}
 		}
-		return tx.Put(broker.BucketJobs, old.ID, raw)
+		return nil
 	}))
 	list := func(cursor string, limit int) ([]string, string) {
 		var ids []string
@@ -941,14 +951,17 @@ func testTeamIndex(t *testing.T, h Harness) {
 	if ids, _ := list("", 10); !slices.Equal(ids, []string{"01B020", "01B010", "01B000"}) {
 		t.Fatalf("quiet's jobs before the index is built: %v", ids)
 	}
-	must(t, s.Update(ctx, broker.EnsureTeamIndex))
-	must(t, s.Update(ctx, broker.EnsureTeamIndex)) // once is enough; twice is harmless
+	must(t, broker.EnsureTeamIndex(ctx, s))
+	must(t, broker.EnsureTeamIndex(ctx, s)) // once is enough; twice is harmless
 	ids, next := list("", 2)
 	if !slices.Equal(ids, []string{"01B020", "01B010"}) || next != "01B010" {
 		t.Fatalf("first page %v next %q", ids, next)
 	}
 	if ids, next = list(next, 2); !slices.Equal(ids, []string{"01B000", "01A000"}) {
 		t.Fatalf("second page %v next %q", ids, next)
+	}
+	if past := keys(t, s, broker.BucketTeamJobs, "past/", broker.PrefixEnd("past/"), false, 0); len(past) != 2500 {
+		t.Fatalf("the other team's jobs from before the index: %d indexed, want 2500", len(past))
 	}
 }
 
