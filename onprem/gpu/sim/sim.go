@@ -214,7 +214,7 @@ func (b *Backend) Sample() (gpu.Sample, error) {
 	now := b.opts.Now()
 	stuck := slices.Clone(b.stuck)
 	b.readControlDir(now, stuck)
-	procs, err := b.scanner.scan()
+	procs, err := b.scanner.scan(now)
 	if err != nil {
 		return gpu.Sample{}, fmt.Errorf("sample sim backend: %w", err)
 	}
@@ -362,7 +362,7 @@ var cudaKey = []byte(EnvVisibleDevices + "=")
 // as NVML skips processes outside its view. Most processes are rejected by
 // one substring search of their environment, so a sample costs one small
 // read per process.
-func (s *procScanner) scan() ([]simProc, error) {
+func (s *procScanner) scan(now time.Time) ([]simProc, error) {
 	d, err := os.Open(s.root)
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
@@ -373,7 +373,6 @@ func (s *procScanner) scan() ([]simProc, error) {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
 	var out []simProc
-	now := time.Now()
 	if s.without == nil {
 		s.without, s.seen = map[int]time.Time{}, map[int]bool{}
 	}
@@ -388,10 +387,11 @@ func (s *procScanner) scan() ([]simProc, error) {
 			continue
 		}
 		env, err := s.read(filepath.Join(s.root, n, "environ"))
-		if err != nil {
-			continue // gone, or not ours to read: asked again next time
-		}
-		if !bytes.Contains(env, cudaKey) {
+		if err != nil || !bytes.Contains(env, cudaKey) {
+			// Unreadable counts as without: a kernel thread's environ
+			// fails to open (ESRCH), and there are dozens of them; a
+			// process that is gone leaves the table before the next
+			// listing.
 			s.without[pid] = now
 			continue
 		}
