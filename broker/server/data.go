@@ -252,8 +252,9 @@ func (s *Server) reportCheckpoint(c echo.Context) error {
 	return c.JSON(http.StatusOK, api.CheckpointAnswer{Job: j.ID, Step: step, At: now})
 }
 
-// dataCollector exports the node caches and the jobs staging or waiting
-// on data, read from memory at scrape time.
+// dataCollector exports the node caches, read from memory at scrape time
+// (the jobs staging or waiting on data are stateCollector's, counted in
+// its pass over the jobs).
 type dataCollector struct{ s *Server }
 
 var (
@@ -266,7 +267,7 @@ var (
 )
 
 func (c *dataCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCacheHitRatio, descCacheBytes, descCacheCap, descCacheEvicted, descDataWait, descStaging} {
+	for _, d := range []*prometheus.Desc{descCacheHitRatio, descCacheBytes, descCacheCap, descCacheEvicted} {
 		ch <- d
 	}
 }
@@ -285,24 +286,5 @@ func (c *dataCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCacheBytes, prometheus.GaugeValue, float64(c.Bytes), n.Name)
 		ch <- prometheus.MustNewConstMetric(descCacheCap, prometheus.GaugeValue, float64(c.CapBytes), n.Name)
 		ch <- prometheus.MustNewConstMetric(descCacheEvicted, prometheus.GaugeValue, float64(c.Evictions), n.Name)
-	}
-	waiting, staging := map[string]int{}, map[string]int{}
-	for _, q := range s.cfg().Queues {
-		waiting[q.Name], staging[q.Name] = 0, 0
-	}
-	for j := range s.view.Jobs() {
-		if !j.State.Holding() {
-			continue
-		}
-		if j.DataWait != nil && j.DataWait.Active {
-			waiting[j.Spec.Queue]++
-		}
-		if d := j.Data; d != nil && d.Attempt == j.Attempt && d.Phase != agentapi.PhaseRunning && d.Phase != agentapi.PhaseDone {
-			staging[j.Spec.Queue]++
-		}
-	}
-	for q, n := range waiting {
-		ch <- prometheus.MustNewConstMetric(descDataWait, prometheus.GaugeValue, float64(n), q)
-		ch <- prometheus.MustNewConstMetric(descStaging, prometheus.GaugeValue, float64(staging[q]), q)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/spillway-dev/spillway/broker/api"
 
@@ -98,8 +97,9 @@ func (d *deliveryMetrics) observe(old, j *broker.Job) {
 	}
 }
 
-// observeCollector reports delivery and card gauges read from memory at
-// scrape time.
+// observeCollector reports card gauges read from memory at scrape time
+// (the queues' delivery gauges are stateCollector's, counted in its pass
+// over the jobs).
 type observeCollector struct{ s *Server }
 
 var (
@@ -112,7 +112,7 @@ var (
 )
 
 func (c *observeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStarving, descOldest, descPending, descGPUUtil, descGPUMemUsed, descGPUMemCap} {
+	for _, d := range []*prometheus.Desc{descGPUUtil, descGPUMemUsed, descGPUMemCap} {
 		ch <- d
 	}
 }
@@ -121,46 +121,6 @@ func (c *observeCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	s.lock()
 	defer s.mu.Unlock()
-	now := s.clock.Now()
-	bound := s.cfg().Reports.StarvationAfter.D()
-	starving := map[string]int{}
-	oldest := map[string]time.Duration{}
-	type qr struct{ q, r string }
-	pending := map[qr]int{}
-	for _, q := range s.cfg().Queues {
-		starving[q.Name] = 0
-		oldest[q.Name] = 0
-	}
-	for j := range s.view.Jobs() {
-		if j.State != broker.StatePending {
-			continue
-		}
-		id := j.ID
-		entered, ok := report.EnteredQueue(j.History)
-		if !ok {
-			entered = j.SubmittedAt
-		}
-		w := now.Sub(entered)
-		if w > bound {
-			starving[j.Spec.Queue]++
-		}
-		oldest[j.Spec.Queue] = max(oldest[j.Spec.Queue], w)
-		code := "unscheduled"
-		if r, ok := s.view.Reason(id); ok && r.Code() != "" {
-			code = r.Code()
-		}
-		if r, ok := s.burstWhy[id]; ok && r.Code != "" {
-			code = r.Code // the burst controller's word comes first, as in the API
-		}
-		pending[qr{j.Spec.Queue, code}]++
-	}
-	for q, n := range starving {
-		ch <- prometheus.MustNewConstMetric(descStarving, prometheus.GaugeValue, float64(n), q)
-		ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, oldest[q].Seconds(), q)
-	}
-	for k, n := range pending {
-		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(n), k.q, k.r)
-	}
 	for n := range s.view.Nodes() {
 		sample := s.telemetry[n.Name]
 		for _, d := range n.Inventory.Devices {

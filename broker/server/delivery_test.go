@@ -192,3 +192,35 @@ func TestStarvingJobsNow(t *testing.T) {
 		t.Fatalf("pending by reason: %v", n)
 	}
 }
+
+// TestScrapeCountsJobsByQueue: the job gauges, counted in one pass over
+// jobs whose states and queues alternate, count each job once, in its
+// own state and queue.
+func TestScrapeCountsJobsByQueue(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("n1", 2)
+	submit := func(queues ...string) {
+		for _, q := range queues {
+			h.submit(tokAlice, `{"queue": "`+q+`", "resources": {"gpus": 1}, "timeout": "1h", "command": ["sleep", "99999"]}`)
+		}
+		h.settle(a)
+	}
+	submit("default", "inference") // both run
+	submit("default", "inference", "default", "inference")
+	m := h.scrape()
+	for series, want := range map[string]float64{
+		`spillway_jobs{queue="default",state="running"}`:              1,
+		`spillway_jobs{queue="inference",state="running"}`:            1,
+		`spillway_jobs{queue="default",state="pending"}`:              2,
+		`spillway_jobs{queue="inference",state="pending"}`:            2,
+		`spillway_pending_jobs{queue="default",reason="resources"}`:   2,
+		`spillway_pending_jobs{queue="inference",reason="resources"}`: 2,
+		`spillway_jobs_staging{queue="inference"}`:                    0,
+		`spillway_jobs_waiting_on_data{queue="default"}`:              0,
+		`spillway_queue_oldest_wait_seconds{queue="inference"}`:       0,
+	} {
+		if got, ok := m[series]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", series, got, ok, want)
+		}
+	}
+}

@@ -274,6 +274,15 @@ func (st *State) Reason(id string) (sched.Reason, bool) {
 	return sched.Reason{}, false
 }
 
+// ReasonAt is Reason for the job of h, without a lookup; a stale handle
+// has none.
+func (st *State) ReasonAt(h Handle) (sched.Reason, bool) {
+	if h.e == nil || h.e.at < 0 || !h.e.hasReason {
+		return sched.Reason{}, false
+	}
+	return h.e.reason, true
+}
+
 // SetReason records job id's latest pending reason; a job not in the view
 // keeps none.
 func (st *State) SetReason(id string, r sched.Reason) { st.NoteReason(id, r) }
