@@ -64,6 +64,8 @@ bench: build ## run the scheduler, submit and sim benchmarks and record them in 
 	$(GO) run ./cmd/benchdoc -name broker-cycle -cmd "go test -run '^\$$' -bench 'BenchmarkBrokerCycle\$$' -benchtime 20x -count 1 ./broker/server/" $(BENCH_OUT)/cycle.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'BenchmarkListJobs$$' -benchtime 10x -benchmem -count 1 ./broker/server/ | tee $(BENCH_OUT)/list.txt
 	$(GO) run ./cmd/benchdoc -name list-jobs -cmd "go test -run '^\$$' -bench 'BenchmarkListJobs\$$' -benchtime 10x -benchmem -count 1 ./broker/server/" $(BENCH_OUT)/list.txt
+	set -o pipefail; $(GO) test -run '^$$' -bench 'BenchmarkScrape$$' -benchtime 20x -benchmem -count 1 ./broker/server/ | tee $(BENCH_OUT)/scrape.txt
+	$(GO) run ./cmd/benchdoc -name scrape -cmd "go test -run '^\$$' -bench 'BenchmarkScrape\$$' -benchtime 20x -benchmem -count 1 ./broker/server/" $(BENCH_OUT)/scrape.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench 'BenchmarkRestart$$' -benchtime 3x -count 1 ./broker/server/ | tee $(BENCH_OUT)/restart.txt
 	$(GO) run ./cmd/benchdoc -name restart -cmd "go test -run '^\$$' -bench 'BenchmarkRestart\$$' -benchtime 3x -count 1 ./broker/server/" $(BENCH_OUT)/restart.txt
 	set -o pipefail; $(GO) test -run '^$$' -bench BenchmarkCacheSecondJob -benchtime 3x -count 1 ./onprem/staging/ | tee $(BENCH_OUT)/cache.txt
