@@ -1,8 +1,8 @@
 package broker
 
 import (
+	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -87,23 +87,35 @@ func ScanTelemetry(tx Tx, r Resolution, from, to time.Time, node string, fn func
 
 // PruneTelemetry deletes points of resolution r older than before, at most
 // limit of them per call (so one transaction stays small); it returns how
-// many it deleted.
-func PruneTelemetry(tx Tx, r Resolution, before time.Time, limit int) (int, error) {
+// many it deleted. It finds them in a View and deletes them in an Update
+// that reads nothing: points that old are written no more, and a Redis
+// transaction that read (watched) 20,000 keys would take seconds to
+// commit.
+func PruneTelemetry(ctx context.Context, st Store, r Resolution, before time.Time, limit int) (int, error) {
 	var keys []string
-	err := tx.Scan(BucketTelemetry, string(r)+"/", telemetryBound(r, before), func(k string, _ []byte) error {
-		keys = append(keys, k)
-		if len(keys) >= limit {
-			return ErrStopScan
+	err := st.View(ctx, func(tx Tx) error {
+		keys = keys[:0]
+		return tx.Scan(BucketTelemetry, string(r)+"/", telemetryBound(r, before), func(k string, _ []byte) error {
+			keys = append(keys, k)
+			if len(keys) >= limit {
+				return ErrStopScan
+			}
+			return nil
+		})
+	})
+	if err != nil || len(keys) == 0 {
+		return 0, err
+	}
+	err = st.Update(ctx, func(tx Tx) error {
+		for _, k := range keys {
+			if err := tx.Delete(BucketTelemetry, k); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, ErrStopScan) {
+	if err != nil {
 		return 0, err
-	}
-	for _, k := range keys {
-		if err := tx.Delete(BucketTelemetry, k); err != nil {
-			return 0, err
-		}
 	}
 	return len(keys), nil
 }

@@ -119,13 +119,11 @@ func (s *Server) flushTelemetryLocked(ctx context.Context, now time.Time) error 
 	}
 	if now.Sub(s.tele.lastPrune) >= 10*time.Minute {
 		s.tele.lastPrune = now
-		return s.store.Update(ctx, func(tx broker.Tx) error {
-			if _, err := broker.PruneTelemetry(tx, broker.Minute, now.Add(-s.cfg().Telemetry.MinuteRetention.D()), 20000); err != nil {
-				return err
-			}
-			_, err := broker.PruneTelemetry(tx, broker.Hour, now.Add(-s.cfg().Telemetry.HourRetention.D()), 20000)
+		if _, err := broker.PruneTelemetry(ctx, s.store, broker.Minute, now.Add(-s.cfg().Telemetry.MinuteRetention.D()), 20000); err != nil {
 			return err
-		})
+		}
+		_, err := broker.PruneTelemetry(ctx, s.store, broker.Hour, now.Add(-s.cfg().Telemetry.HourRetention.D()), 20000)
+		return err
 	}
 	return nil
 }
@@ -155,9 +153,14 @@ func (s *Server) rollUpHoursLocked(ctx context.Context, now time.Time) error {
 		upTo = hour.Add(-time.Hour) // first start: the previous hour at most
 	}
 	for h := upTo; h.Before(hour); h = h.Add(time.Hour) {
+		// The hour's minutes are read in a View: they are written no more
+		// once the hour has ended, and on Redis an Update that read
+		// (watched) each of them would commit in time quadratic in their
+		// number (a minute point per card).
 		sums := map[gpuKey]*accum{}
-		err := s.store.Update(ctx, func(tx broker.Tx) error {
-			err := broker.ScanTelemetry(tx, broker.Minute, h, h.Add(time.Hour), "", func(p broker.TelemetryPoint) error {
+		err := s.store.View(ctx, func(tx broker.Tx) error {
+			clear(sums)
+			return broker.ScanTelemetry(tx, broker.Minute, h, h.Add(time.Hour), "", func(p broker.TelemetryPoint) error {
 				k := gpuKey{p.Node, p.GPU}
 				a := sums[k]
 				if a == nil {
@@ -173,15 +176,17 @@ func (s *Server) rollUpHoursLocked(ctx context.Context, now time.Time) error {
 				a.utilMax = max(a.utilMax, p.SMUtilMax)
 				return nil
 			})
-			if err != nil {
-				return err
+		})
+		if err != nil {
+			return fmt.Errorf("roll up telemetry hour %s: %w", h.Format(time.RFC3339), err)
+		}
+		pts := make([]broker.TelemetryPoint, 0, len(sums))
+		for k, a := range sums {
+			if a.n > 0 {
+				pts = append(pts, a.point(k))
 			}
-			pts := make([]broker.TelemetryPoint, 0, len(sums))
-			for k, a := range sums {
-				if a.n > 0 {
-					pts = append(pts, a.point(k))
-				}
-			}
+		}
+		err = s.store.Update(ctx, func(tx broker.Tx) error {
 			if err := broker.PutTelemetry(tx, broker.Hour, pts); err != nil {
 				return err
 			}
