@@ -122,6 +122,7 @@ func (s *Server) Cycle(ctx context.Context) error {
 	}
 	sc.ledger.advance(now, s.view.Held())
 	snap := s.snapshotLocked(now)
+	upkeep := s.telemetryUpkeepLocked(now)
 	s.mu.Unlock()
 	defer trace.StartRegion(ctx, "broker.cycle").End()
 
@@ -135,15 +136,24 @@ func (s *Server) Cycle(ctx context.Context) error {
 	s.metrics.cycleSeconds.Observe(time.Since(t0).Seconds())
 
 	s.lock()
-	defer s.mu.Unlock()
 	if !s.mayDecideLocked() {
+		s.mu.Unlock()
 		return nil
 	}
-	return s.applyLocked(ctx, now, plan)
+	err = s.applyLocked(ctx, now, plan)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := s.upkeepTelemetry(ctx, now, upkeep); err != nil {
+		s.log.Error("telemetry roll-up or pruning failed", "err", err)
+	}
+	return nil
 }
 
 // housekeepLocked is the part of a cycle that is not placement: lost
-// nodes, idle jobs, telemetry points, metering.
+// nodes, idle jobs, telemetry points, metering. (Rolling telemetry up and
+// pruning it come at the end of the cycle, without the lock.)
 func (s *Server) housekeepLocked(ctx context.Context, now time.Time) error {
 	if err := s.checkNodesLocked(ctx, now); err != nil {
 		return err

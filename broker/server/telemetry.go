@@ -97,8 +97,7 @@ func (s *Server) recordTelemetryLocked(node string, sample *gpu.Sample, owners m
 	}
 }
 
-// flushTelemetryLocked writes the minutes that have closed, rolls closed
-// hours up from the stored minutes, and deletes points past retention.
+// flushTelemetryLocked writes the minutes that have closed.
 func (s *Server) flushTelemetryLocked(ctx context.Context, now time.Time) error {
 	minute := now.Truncate(time.Minute)
 	for k, a := range s.tele.open {
@@ -114,24 +113,55 @@ func (s *Server) flushTelemetryLocked(ctx context.Context, now time.Time) error 
 		}
 		s.tele.closed = nil
 	}
-	if err := s.rollUpHoursLocked(ctx, now); err != nil {
-		return err
-	}
-	if now.Sub(s.tele.lastPrune) >= 10*time.Minute {
-		s.tele.lastPrune = now
-		if _, err := broker.PruneTelemetry(ctx, s.store, broker.Minute, now.Add(-s.cfg().Telemetry.MinuteRetention.D()), 20000); err != nil {
-			return err
-		}
-		_, err := broker.PruneTelemetry(ctx, s.store, broker.Hour, now.Add(-s.cfg().Telemetry.HourRetention.D()), 20000)
-		return err
-	}
 	return nil
 }
 
-// rollUpHoursLocked turns the minute points of every hour that ended since
+// telemetryUpkeep is what a cycle does with stored telemetry after it
+// released the lock: roll closed hours up, and now and then prune.
+type telemetryUpkeep struct {
+	due, prune bool
+}
+
+// telemetryUpkeepLocked says whether this cycle rolls hours up (only
+// when every closed minute is stored: an hour is rolled up once) and
+// whether it prunes (every 10 minutes).
+func (s *Server) telemetryUpkeepLocked(now time.Time) telemetryUpkeep {
+	if len(s.tele.closed) > 0 {
+		return telemetryUpkeep{}
+	}
+	u := telemetryUpkeep{due: true}
+	if now.Sub(s.tele.lastPrune) >= 10*time.Minute {
+		s.tele.lastPrune = now
+		u.prune = true
+	}
+	return u
+}
+
+// upkeepTelemetry rolls closed hours up from the stored minutes and
+// deletes points past retention. It reads and writes the store only, so
+// it runs without the broker's lock: at 10,000 cards an hour is 600,000
+// minute points to read.
+func (s *Server) upkeepTelemetry(ctx context.Context, now time.Time, u telemetryUpkeep) error {
+	if !u.due {
+		return nil
+	}
+	if err := s.rollUpHours(ctx, now); err != nil {
+		return err
+	}
+	if !u.prune {
+		return nil
+	}
+	if _, err := broker.PruneTelemetry(ctx, s.store, broker.Minute, now.Add(-s.cfg().Telemetry.MinuteRetention.D()), 20000); err != nil {
+		return err
+	}
+	_, err := broker.PruneTelemetry(ctx, s.store, broker.Hour, now.Add(-s.cfg().Telemetry.HourRetention.D()), 20000)
+	return err
+}
+
+// rollUpHours turns the minute points of every hour that ended since
 // the last roll-up into hourly points. It reads the stored minutes, so a
 // leader change loses nothing.
-func (s *Server) rollUpHoursLocked(ctx context.Context, now time.Time) error {
+func (s *Server) rollUpHours(ctx context.Context, now time.Time) error {
 	hour := now.Truncate(time.Hour)
 	var upTo time.Time
 	err := s.store.View(ctx, func(tx broker.Tx) error {
