@@ -107,15 +107,41 @@ func (s *Server) getArray(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.lock()
-	v := arrayView(id, elems, s.waitingCodeLocked)
-	s.mu.Unlock()
-	return c.JSON(http.StatusOK, v)
+	return c.JSON(http.StatusOK, arrayView(id, elems, s.waitingCodes(elems)))
 }
 
+// fillCodes sets codes[i] to code(elems[i]) for each waiting element.
+func fillCodes(codes []string, elems []*broker.Job, code func(*broker.Job) string) []string {
+	for i, j := range elems {
+		if j.State == broker.StatePending {
+			codes[i] = code(j)
+		}
+	}
+	return codes
+}
+
+// waitingCodes is the code of each waiting element's reason (arrayView's
+// codes), read under the lock waitingCodesChunk elements at a time: an
+// array or a folded page may have 100,000 waiting elements, and the
+// look-ups take tens of milliseconds that submits and agents would
+// otherwise wait for.
+func (s *Server) waitingCodes(elems []*broker.Job) []string {
+	codes := make([]string, len(elems))
+	for from := 0; from < len(elems); from += waitingCodesChunk {
+		to := min(len(elems), from+waitingCodesChunk)
+		s.lock()
+		fillCodes(codes[from:to], elems[from:to], s.waitingCodeLocked)
+		s.mu.Unlock()
+	}
+	return codes
+}
+
+// waitingCodesChunk is how many reasons waitingCodes reads a lock.
+const waitingCodesChunk = 4096
+
 // arrayView sums up an array's elements (in any order), counting the
-// waiting ones by their reason's code.
-func arrayView(id string, elems []*broker.Job, code func(*broker.Job) string) api.ArrayView {
+// waiting ones by their reason's code, codes[i] for elems[i].
+func arrayView(id string, elems []*broker.Job, codes []string) api.ArrayView {
 	first := elems[0]
 	v := api.ArrayView{ArrayID: id, Name: first.Spec.Name, Team: first.Spec.Team, Queue: first.Spec.Queue,
 		Priority: first.Spec.Priority, User: first.User, GPUs: first.TotalGPUs(), SubmittedAt: first.SubmittedAt,
@@ -123,7 +149,7 @@ func arrayView(id string, elems []*broker.Job, code func(*broker.Job) string) ap
 	pending, all := make([]int, 0, len(elems)), make([]int, 0, len(elems))
 	var lastEnd time.Time
 	active := false
-	for _, j := range elems {
+	for i, j := range elems {
 		v.States[j.State]++
 		if j.ArrayIndex != nil {
 			all = append(all, *j.ArrayIndex)
@@ -145,7 +171,7 @@ func arrayView(id string, elems []*broker.Job, code func(*broker.Job) string) ap
 		if j.Hold != nil {
 			v.Held++
 		}
-		c := code(j)
+		c := codes[i]
 		if c == "" {
 			c = "waiting"
 		}
@@ -309,7 +335,7 @@ func (s *Server) changeArray(c echo.Context, action string, change func(j *broke
 		jj.History = append(jj.History, broker.Transition{At: now, From: jj.State, To: jj.State, Reason: action[len("array."):], Detail: detail})
 		changed = append(changed, jj)
 	}
-	view := arrayView(id, elems, pendingCode)
+	view := arrayView(id, elems, fillCodes(make([]string, len(elems)), elems, pendingCode))
 	oldVal, newVal, err := check(view, len(changed))
 	if err != nil {
 		return err
@@ -330,7 +356,7 @@ func (s *Server) changeArray(c echo.Context, action string, change func(j *broke
 	}
 	s.log.Info("job array "+action[len("array."):], "array", id, "by", p.Name, "changed", len(changed), "old", oldVal, "new", newVal)
 	s.kick()
-	out.Array = arrayView(id, elems, s.waitingCodeLocked)
+	out.Array = arrayView(id, elems, fillCodes(make([]string, len(elems)), elems, s.waitingCodeLocked))
 	return c.JSON(http.StatusOK, out)
 }
 

@@ -335,20 +335,16 @@ func (s *Server) listJobs(c echo.Context) error {
 		}
 	}
 	s.overlayReasons(out.Jobs)
-	if len(pg.Folded) > 0 {
-		s.lock()
-		for _, j := range out.Jobs {
-			rest := pg.Folded[j.ArrayID]
-			if j.State != broker.StatePending || len(rest) == 0 {
-				continue
-			}
-			elems := append([]*broker.Job{j}, rest...)
-			if out.Arrays == nil {
-				out.Arrays = map[string]api.ArrayView{}
-			}
-			out.Arrays[j.ArrayID] = arrayView(j.ArrayID, elems, s.waitingCodeLocked)
+	for _, j := range out.Jobs {
+		rest := pg.Folded[j.ArrayID]
+		if j.State != broker.StatePending || len(rest) == 0 {
+			continue
 		}
-		s.mu.Unlock()
+		elems := append([]*broker.Job{j}, rest...)
+		if out.Arrays == nil {
+			out.Arrays = map[string]api.ArrayView{}
+		}
+		out.Arrays[j.ArrayID] = arrayView(j.ArrayID, elems, s.waitingCodes(elems))
 	}
 	return c.JSON(http.StatusOK, out)
 }
