@@ -376,11 +376,22 @@ func (s *Server) viewPage(f broker.JobFilter) (pg broker.JobPage, ok bool) {
 // overlayReasonsLocked would set it, without formatting the sentence: a
 // folded array counts its elements by code.
 func (s *Server) waitingCodeLocked(j *broker.Job) string {
-	if br, ok := s.burstWhy[j.ID]; ok {
-		return br.Code
+	r, ok := s.view.Reason(j.ID)
+	return s.waitingCodeOfLocked(j, r.Code(), ok)
+}
+
+// waitingCodeOfLocked is waitingCodeLocked given the code of the
+// scheduler's latest reason for j (when ok), for a caller that walks the
+// view's handles: the burst controller's word first, then the
+// scheduler's, then the one the record carries.
+func (s *Server) waitingCodeOfLocked(j *broker.Job, code string, ok bool) string {
+	if len(s.burstWhy) > 0 {
+		if br, bok := s.burstWhy[j.ID]; bok {
+			return br.Code
+		}
 	}
-	if r, ok := s.view.Reason(j.ID); ok {
-		return r.Code()
+	if ok {
+		return code
 	}
 	return pendingCode(j)
 }

@@ -182,14 +182,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				q.starving++
 			}
 			q.oldest = max(q.oldest, w)
-			code := "unscheduled"
-			if r, ok := s.view.ReasonAt(h); ok && r.Code() != "" {
-				code = r.Code()
-			}
-			if len(s.burstWhy) > 0 {
-				if r, ok := s.burstWhy[j.ID]; ok && r.Code != "" {
-					code = r.Code // the burst controller's word comes first, as in the API
-				}
+			r, ok := s.view.ReasonAt(h)
+			code := s.waitingCodeOfLocked(j, r.Code(), ok) // as the API shows it
+			if code == "" {
+				code = "unscheduled"
 			}
 			q.pending[code]++
 		case j.State.Holding():
