@@ -36,7 +36,6 @@ func EnsureTeamIndex(ctx context.Context, st Store) error {
 	for from := ""; ; {
 		var keys []string
 		if err := st.View(ctx, func(tx Tx) error {
-			keys = keys[:0]
 			return tx.Scan(BucketJobs, from, "", func(id string, raw []byte) error {
 				var j struct {
 					Spec struct {

@@ -94,7 +94,6 @@ func ScanTelemetry(tx Tx, r Resolution, from, to time.Time, node string, fn func
 func PruneTelemetry(ctx context.Context, st Store, r Resolution, before time.Time, limit int) (int, error) {
 	var keys []string
 	err := st.View(ctx, func(tx Tx) error {
-		keys = keys[:0]
 		return tx.Scan(BucketTelemetry, string(r)+"/", telemetryBound(r, before), func(k string, _ []byte) error {
 			keys = append(keys, k)
 			if len(keys) >= limit {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/api"
-	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/broker/config"
 )
 
@@ -84,11 +82,7 @@ auth:
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := bolt.Open(filepath.Join(dir, bolt.FileName))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
+	st := benchBolt(b)
 	load(b, st)
 	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -189,7 +189,6 @@ func (s *Server) rollUpHours(ctx context.Context, now time.Time) error {
 		// number (a minute point per card).
 		sums := map[gpuKey]*accum{}
 		err := s.store.View(ctx, func(tx broker.Tx) error {
-			clear(sums)
 			return broker.ScanTelemetry(tx, broker.Minute, h, h.Add(time.Hour), "", func(p broker.TelemetryPoint) error {
 				k := gpuKey{p.Node, p.GPU}
 				a := sums[k]
