@@ -15,6 +15,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -33,6 +34,7 @@ import (
 	"runtime/trace"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -188,6 +190,7 @@ type cluster struct {
 	admin   string
 	stop    func()
 	dataDir string
+	agents  []int // pids of the agents run as processes (-agent-bin)
 }
 
 func startCluster(o options, teams []string) (*cluster, error) {
@@ -287,6 +290,7 @@ auth:
 				return nil, fmt.Errorf("start agent %s: %w", name, err)
 			}
 			procs = append(procs, cmd)
+			c.agents = append(c.agents, cmd.Process.Pid)
 			continue
 		}
 		be, err := backends.Open(fmt.Sprintf("sim:%dxH100-80GB", o.gpusPerAgent), name, log)
@@ -394,6 +398,8 @@ type result struct {
 	rtts     []float64 // each single submit's round trip, seconds
 	cpuS     float64   // CPU over the replay: this process (broker, submitters), or Slurm's daemons
 	cpuWhat  string    // whose CPU cpuS is
+	agentS   float64   // CPU over the replay of the agents run as processes (-agent-bin)
+	jobsS    float64   // CPU of the jobs' processes those agents reaped over the replay
 	floor    float64   // -floor: processes/s this machine starts and reaps with nothing else running
 }
 
@@ -497,6 +503,7 @@ func replay(o options, items []Item) (*result, error) {
 		mu.Unlock()
 	}
 	cpu0 := processCPU()
+	agent0, jobs0 := pidsCPU(c.agents)
 	t0 := time.Now()
 	res.t0 = t0
 	res.calls = submitWorkload(o, items, t0, func(i int) { submitOne(items[i]) }, func(_ int, g []Item) {
@@ -524,6 +531,8 @@ func replay(o options, items []Item) (*result, error) {
 	}
 	res.cpuS = processCPU() - cpu0
 	res.cpuWhat = "this process (broker and submitters)"
+	agent1, jobs1 := pidsCPU(c.agents)
+	res.agentS, res.jobsS = agent1-agent0, jobs1-jobs0
 	if o.traceFile != "" {
 		trace.Stop()
 	}
@@ -695,6 +704,10 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  CPU, %s %.2f s (%.2f ms a job; until every job ended)\n", r.cpuWhat, r.cpuS, 1000*r.cpuS/float64(len(items)))
+	if r.agentS > 0 {
+		fmt.Fprintf(w, "  CPU, the agents  %.2f s (%.2f ms a job); the jobs' processes they reaped %.2f s (%.2f ms a job)\n",
+			r.agentS, 1000*r.agentS/float64(len(items)), r.jobsS, 1000*r.jobsS/float64(len(items)))
+	}
 	fmt.Fprintf(w, "  GPU utilisation  %.1f%% (GPU-seconds held by running processes / (%d GPUs × makespan))\n", 100*busy/(float64(gpus)*makespan), gpus)
 	if failed > 0 {
 		fmt.Fprintf(w, "  NOT SUCCEEDED    %d jobs\n", failed)
@@ -782,6 +795,41 @@ func runSeconds(j *broker.Job) float64 {
 		}
 	}
 	return total
+}
+
+// pidsCPU is the user and system CPU so far of the processes pids, and
+// of the children they reaped, in seconds (/proc/PID/stat). A process
+// that is gone counts nothing.
+func pidsCPU(pids []int) (own, reaped float64) {
+	for _, pid := range pids {
+		o, r := procCPU(pid)
+		own += o
+		reaped += r
+	}
+	return own, reaped
+}
+
+// procCPU reads one process's utime+stime and cutime+cstime, in seconds.
+func procCPU(pid int) (own, reaped float64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0
+	}
+	// Fields after the command's closing parenthesis: utime, stime,
+	// cutime and cstime are the 14th to 17th of the line.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 > len(b) {
+		return 0, 0
+	}
+	f := strings.Fields(string(b[i+2:]))
+	if len(f) < 15 {
+		return 0, 0
+	}
+	tick := func(s string) float64 {
+		v, _ := strconv.ParseFloat(s, 64)
+		return v / 100 // USER_HZ
+	}
+	return tick(f[11]) + tick(f[12]), tick(f[13]) + tick(f[14])
 }
 
 // processCPU is this process's user and system CPU so far, in seconds.

@@ -268,23 +268,8 @@ func (s *slurmSite) pids() []int {
 // daemonCPU is the user and system CPU seconds of slurmctld and the
 // slurmds so far (not their short-lived slurmstepd).
 func (s *slurmSite) daemonCPU() float64 {
-	total := 0.0
-	for _, pid := range s.pids() {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// Fields after the command's closing parenthesis; utime and stime
-		// are the 14th and 15th of the line.
-		rest := b[bytes.LastIndexByte(b, ')')+2:]
-		f := strings.Fields(string(rest))
-		if len(f) > 12 {
-			ut, _ := strconv.ParseFloat(f[11], 64)
-			st, _ := strconv.ParseFloat(f[12], 64)
-			total += (ut + st) / 100 // USER_HZ
-		}
-	}
-	return total
+	own, _ := pidsCPU(s.pids())
+	return own
 }
 
 // stop cancels what is left, stops the daemons and removes the site
