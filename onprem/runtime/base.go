@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -108,10 +109,15 @@ func (b *base) ident(j *Job) (ident, error) {
 // by j.Prepare, then handed to the job's uid with mode 0700.
 func (b *base) prepareDir(j *Job, id ident) (string, error) {
 	dir := filepath.Join(b.jobsDir, j.ID)
-	if err := os.RemoveAll(dir); err != nil {
-		return "", fmt.Errorf("clear attempt dir: %w", err)
+	err := os.Mkdir(dir, 0o700)
+	if errors.Is(err, fs.ErrExist) {
+		// A leftover of an earlier agent process: start afresh.
+		if err := os.RemoveAll(dir); err != nil {
+			return "", fmt.Errorf("clear attempt dir: %w", err)
+		}
+		err = os.Mkdir(dir, 0o700)
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if err != nil {
 		return "", fmt.Errorf("create attempt dir: %w", err)
 	}
 	if j.Prepare != nil {
@@ -146,15 +152,22 @@ func (b *base) memoryGroup(j *Job) (*cgroup, error) {
 	return b.cg.create(j.ID, j.Memory)
 }
 
-// forget removes an attempt's directory and cgroup.
-func (b *base) forget(id string) {
+// forget removes an attempt's directory and cgroup. everyHierarchy: on
+// cgroup v1, also the attempt's cgroups outside the memory hierarchy,
+// which only Podman makes; the process runtime makes none there, and
+// looking costs a lookup per hierarchy at every attempt's end.
+func (b *base) forget(id string, everyHierarchy bool) {
 	if id == "" || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." {
 		return
 	}
 	_ = os.RemoveAll(filepath.Join(b.jobsDir, id))
 	if b.cg != nil {
 		g := &cgroup{c: b.cg, path: filepath.Join(b.cg.root, cgroupParent, id), rel: "/" + cgroupParent + "/" + id}
-		_ = g.remove()
+		if everyHierarchy {
+			_ = g.remove()
+		} else {
+			_ = g.removeTree(g.path)
+		}
 	}
 }
 

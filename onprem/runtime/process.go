@@ -13,7 +13,7 @@ import (
 type processRuntime struct{ *base }
 
 func (p *processRuntime) Kind() string     { return KindProcess }
-func (p *processRuntime) Forget(id string) { p.forget(id) }
+func (p *processRuntime) Forget(id string) { p.forget(id, false) }
 
 type processProc struct {
 	cmd  *exec.Cmd

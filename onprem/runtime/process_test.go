@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -82,6 +83,44 @@ func TestProcessUnderLimitIsNotOOM(t *testing.T) {
 	rt.Forget("fine-1")
 	if exit.Code != 3 || exit.Reason != "" || out.String() != "ok\n" {
 		t.Fatalf("exit %+v, output %q", exit, out.String())
+	}
+}
+
+// TestProcessForgetLeavesNothing: an attempt starts in a fresh directory
+// even where an earlier agent process left one, and Forget removes the
+// directory and the attempt's memory cgroup.
+func TestProcessForgetLeavesNothing(t *testing.T) {
+	needRoot(t)
+	rt := newProcess(t)
+	pr := rt.(*processRuntime)
+	if pr.cg == nil {
+		t.Fatalf("this node has no memory cgroup: %v", pr.cgErr)
+	}
+	dir := filepath.Join(pr.jobsDir, "left-1")
+	if err := os.MkdirAll(filepath.Join(dir, "old"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "old", "stale"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	p, e := rt.Start(context.Background(), &Job{ID: "left-1", Team: "nlp", Memory: 64 << 20, Output: &out,
+		Argv: []string{"sh", "-c", `ls -A "$HOME"; echo end`}, Env: []string{"PATH=" + os.Getenv("PATH")}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	if exit := p.Wait(); exit.Code != 0 || out.String() != "end\n" {
+		t.Fatalf("exit %+v, output %q; want an empty directory", exit, out.String())
+	}
+	group := filepath.Join(pr.cg.root, cgroupParent, "left-1")
+	if err := os.Mkdir(group, 0o755); err != nil && !os.IsExist(err) {
+		t.Fatal(err) // as a crashed agent would leave it
+	}
+	rt.Forget("left-1")
+	for _, p := range []string{dir, group} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after Forget: %v, want gone", p, err)
+		}
 	}
 }
 
