@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -53,7 +55,13 @@ func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
 	if workdir == "" {
 		workdir = dir
 	}
-	cmd := exec.Command(j.Argv[0], j.Argv[1:]...)
+	bin, err := jobCommand(j.Argv[0], j.Env, workdir)
+	if err != nil {
+		p.dropGroup(cg)
+		return nil, startFailure("", "%v", err)
+	}
+	cmd := exec.Command(bin, j.Argv[1:]...)
+	cmd.Args[0] = j.Argv[0] // as given, as execvp passes it
 	cmd.Dir = workdir
 	cmd.Env = append(append([]string(nil), j.Env...), "HOME="+dir, "TMPDIR="+dir)
 	// Pdeathsig: the job's main process dies with the agent. An agent
@@ -91,6 +99,33 @@ func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
 		}
 	}
 	return &processProc{cmd: cmd, dir: dir, cg: cg, copy: startCopy(j.Output, pr)}, nil
+}
+
+// jobCommand finds a bare command name on the PATH the job runs with (the
+// last PATH of env: the spec's over the agent's), as execvp in the job's
+// environment would; exec.Command would search the agent's own PATH. A
+// relative directory on it is the job's working directory's. A name with
+// a slash is used as it is.
+func jobCommand(name string, env []string, workdir string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(workdir, dir) // "" is the working directory too
+		}
+		f := filepath.Join(dir, name)
+		if st, err := os.Stat(f); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+			return f, nil
+		}
+	}
+	return "", fmt.Errorf("command %q not found on the job's PATH (%s)", name, path)
 }
 
 func (p *processRuntime) dropGroup(g *cgroup) {

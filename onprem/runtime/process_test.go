@@ -124,6 +124,46 @@ func TestProcessForgetLeavesNothing(t *testing.T) {
 	}
 }
 
+// TestProcessFindsCommandOnJobPath: a bare command name is looked up on
+// the PATH the job runs with (its spec may set one, say a virtualenv's),
+// not on the agent's, as a shell or srun would; a name on neither says so.
+func TestProcessFindsCommandOnJobPath(t *testing.T) {
+	needRoot(t)
+	rt := newProcess(t)
+	bin, err := os.MkdirTemp("", "spillway-jobpath-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bin) })
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "hello-spillway"), []byte("#!/bin/sh\necho hello from $0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	p, e := rt.Start(context.Background(), &Job{ID: "path-1", Team: "nlp", Output: &out,
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=/usr/bin:/bin", "PATH=" + bin + ":/usr/bin:/bin"}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	exit := p.Wait()
+	rt.Forget("path-1")
+	if want := "hello from " + filepath.Join(bin, "hello-spillway") + "\n"; exit.Code != 0 || out.String() != want {
+		t.Fatalf("exit %+v, output %q; want %q", exit, out.String(), want)
+	}
+
+	_, e = rt.Start(context.Background(), &Job{ID: "path-2", Team: "nlp", Output: &syncBuffer{},
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=/usr/bin:/bin"}})
+	if e == nil {
+		t.Fatal("a command on no directory of the job's PATH started")
+	}
+	rt.Forget("path-2")
+	if !strings.Contains(e.Message, `"hello-spillway"`) || !strings.Contains(e.Message, "PATH") {
+		t.Fatalf("start failure %+v; want one naming the command and PATH", e)
+	}
+}
+
 func TestProcessRefusesImage(t *testing.T) {
 	rt := newProcess(t)
 	_, e := rt.Start(context.Background(), &Job{ID: "img-1", Team: "nlp", Image: "busybox", Argv: []string{"true"}, Output: &syncBuffer{}})
