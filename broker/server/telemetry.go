@@ -47,6 +47,11 @@ type telemetryState struct {
 	closed []broker.TelemetryPoint
 	// lastPrune is when old points were last deleted.
 	lastPrune time.Time
+	// rolledUpTo is the end of the last hour this broker knows to be
+	// rolled up in the store (zero: read the store's mark). The mark only
+	// moves forward, so while now's hour is not past it a cycle has
+	// nothing to roll up and need not read the mark.
+	rolledUpTo time.Time
 }
 
 const metaRolledUp = "telemetry/rolled-up-to" // the end of the last hour rolled up
@@ -119,17 +124,18 @@ func (s *Server) flushTelemetryLocked(ctx context.Context, now time.Time) error 
 // telemetryUpkeep is what a cycle does with stored telemetry after it
 // released the lock: roll closed hours up, and now and then prune.
 type telemetryUpkeep struct {
-	due, prune bool
+	rollUp, prune bool
 }
 
 // telemetryUpkeepLocked says whether this cycle rolls hours up (only
-// when every closed minute is stored: an hour is rolled up once) and
+// when every closed minute is stored, so that an hour is rolled up once,
+// and an hour has ended since the last roll-up this broker knows of) and
 // whether it prunes (every 10 minutes).
 func (s *Server) telemetryUpkeepLocked(now time.Time) telemetryUpkeep {
 	if len(s.tele.closed) > 0 {
 		return telemetryUpkeep{}
 	}
-	u := telemetryUpkeep{due: true}
+	u := telemetryUpkeep{rollUp: s.tele.rolledUpTo.Before(now.Truncate(time.Hour))}
 	if now.Sub(s.tele.lastPrune) >= 10*time.Minute {
 		s.tele.lastPrune = now
 		u.prune = true
@@ -142,11 +148,18 @@ func (s *Server) telemetryUpkeepLocked(now time.Time) telemetryUpkeep {
 // it runs without the broker's lock: at 10,000 cards an hour is 600,000
 // minute points to read.
 func (s *Server) upkeepTelemetry(ctx context.Context, now time.Time, u telemetryUpkeep) error {
-	if !u.due {
-		return nil
-	}
-	if err := s.rollUpHours(ctx, now); err != nil {
-		return err
+	if u.rollUp {
+		upTo, err := s.rollUpHours(ctx, now)
+		if err != nil {
+			return err
+		}
+		// Noted under the lock; a term that began meanwhile may keep it:
+		// the store's mark is at least upTo whoever leads.
+		s.lock()
+		if s.tele.rolledUpTo.Before(upTo) {
+			s.tele.rolledUpTo = upTo
+		}
+		s.mu.Unlock()
 	}
 	if !u.prune {
 		return nil
@@ -159,9 +172,10 @@ func (s *Server) upkeepTelemetry(ctx context.Context, now time.Time, u telemetry
 }
 
 // rollUpHours turns the minute points of every hour that ended since
-// the last roll-up into hourly points. It reads the stored minutes, so a
-// leader change loses nothing.
-func (s *Server) rollUpHours(ctx context.Context, now time.Time) error {
+// the last roll-up into hourly points, and returns the end of the last
+// hour now rolled up. It reads the stored minutes, so a leader change
+// loses nothing.
+func (s *Server) rollUpHours(ctx context.Context, now time.Time) (time.Time, error) {
 	hour := now.Truncate(time.Hour)
 	var upTo time.Time
 	err := s.store.View(ctx, func(tx broker.Tx) error {
@@ -177,7 +191,7 @@ func (s *Server) rollUpHours(ctx context.Context, now time.Time) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if upTo.IsZero() {
 		upTo = hour.Add(-time.Hour) // first start: the previous hour at most
@@ -207,7 +221,7 @@ func (s *Server) rollUpHours(ctx context.Context, now time.Time) error {
 			})
 		})
 		if err != nil {
-			return fmt.Errorf("roll up telemetry hour %s: %w", h.Format(time.RFC3339), err)
+			return time.Time{}, fmt.Errorf("roll up telemetry hour %s: %w", h.Format(time.RFC3339), err)
 		}
 		pts := make([]broker.TelemetryPoint, 0, len(sums))
 		for k, a := range sums {
@@ -222,10 +236,13 @@ func (s *Server) rollUpHours(ctx context.Context, now time.Time) error {
 			return tx.Put(broker.BucketMeta, metaRolledUp, []byte(strconv.FormatInt(h.Add(time.Hour).Unix(), 10)))
 		})
 		if err != nil {
-			return fmt.Errorf("roll up telemetry hour %s: %w", h.Format(time.RFC3339), err)
+			return time.Time{}, fmt.Errorf("roll up telemetry hour %s: %w", h.Format(time.RFC3339), err)
 		}
 	}
-	return nil
+	if upTo.After(hour) {
+		return upTo, nil // another leader's clock is ahead of this one's
+	}
+	return hour, nil
 }
 
 // checkIdleLocked marks jobs whose cards have been quiet for the idle

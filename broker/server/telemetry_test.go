@@ -43,6 +43,31 @@ func TestTelemetryMinutesAndHours(t *testing.T) {
 	}
 }
 
+// TestTelemetryRollUpOncePerHour: after a roll-up the broker knows the
+// hour is done, and the cycles until the next hour neither roll up nor
+// read the store's mark; the next hour is due again.
+func TestTelemetryRollUpOncePerHour(t *testing.T) {
+	h := newHarness(t)
+	a := h.agent("n1", 1)
+	h.advance(time.Hour+time.Minute, a)
+	now := h.srv.clock.Now()
+	hour := now.Truncate(time.Hour)
+	h.srv.lock()
+	got := h.srv.tele.rolledUpTo
+	within := h.srv.telemetryUpkeepLocked(now)
+	next := h.srv.telemetryUpkeepLocked(hour.Add(time.Hour))
+	h.srv.mu.Unlock()
+	if !got.Equal(hour) {
+		t.Fatalf("rolled up to %v, want %v", got, hour)
+	}
+	if within.rollUp {
+		t.Fatal("a cycle within the hour rolls up (and reads the mark) again")
+	}
+	if !next.rollUp {
+		t.Fatal("the next hour is not rolled up")
+	}
+}
+
 func TestTelemetryRetention(t *testing.T) {
 	h := newHarness(t)
 	old := []broker.TelemetryPoint{{Node: "n1", GPU: 0, Start: t0.Add(-8 * 24 * time.Hour), Samples: 1}}
