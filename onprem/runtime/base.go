@@ -152,22 +152,15 @@ func (b *base) memoryGroup(j *Job) (*cgroup, error) {
 	return b.cg.create(j.ID, j.Memory)
 }
 
-// forget removes an attempt's directory and cgroup. everyHierarchy: on
-// cgroup v1, also the attempt's cgroups outside the memory hierarchy,
-// which only Podman makes; the process runtime makes none there, and
-// looking costs a lookup per hierarchy at every attempt's end.
-func (b *base) forget(id string, everyHierarchy bool) {
+// forget removes an attempt's directory and cgroup.
+func (b *base) forget(id string) {
 	if id == "" || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." {
 		return
 	}
 	_ = os.RemoveAll(filepath.Join(b.jobsDir, id))
 	if b.cg != nil {
 		g := &cgroup{c: b.cg, path: filepath.Join(b.cg.root, cgroupParent, id), rel: "/" + cgroupParent + "/" + id}
-		if everyHierarchy {
-			_ = g.remove()
-		} else {
-			_ = g.removeTree(g.path)
-		}
+		_ = g.remove()
 	}
 }
 

@@ -204,8 +204,8 @@ func (g *cgroup) atLimit() bool {
 func (g *cgroup) remove() error {
 	err := g.removeTree(g.path)
 	if !g.c.v2 {
-		// Where Podman made none (a process job's attempt, or none at all)
-		// this is one lstat per hierarchy.
+		// Where Podman made none this is one lstat per hierarchy (the
+		// process runtime lists none: New).
 		for _, h := range g.c.others {
 			_ = g.removeTree(filepath.Join(h, g.rel))
 		}

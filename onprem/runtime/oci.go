@@ -279,7 +279,7 @@ func (r *ociRuntime) Forget(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = r.command(ctx, "rm", "-f", "--ignore", containerName(id)).Run()
-	r.forget(id, true)
+	r.forget(id)
 }
 
 // EnsureImage makes the image present in the node's image store (the

@@ -15,7 +15,7 @@ import (
 type processRuntime struct{ *base }
 
 func (p *processRuntime) Kind() string     { return KindProcess }
-func (p *processRuntime) Forget(id string) { p.forget(id, false) }
+func (p *processRuntime) Forget(id string) { p.forget(id) }
 
 type processProc struct {
 	cmd  *exec.Cmd

@@ -211,6 +211,12 @@ func New(cfg Config, opt Options) (Runtime, error) {
 	}
 	switch cfg.Kind {
 	case "", KindProcess:
+		if base.cg != nil {
+			// Only Podman makes an attempt's groups outside the memory
+			// hierarchy: looking there would cost a lookup per hierarchy
+			// at every attempt's end.
+			base.cg.others = nil
+		}
 		return &processRuntime{base: base}, nil
 	case KindOCI:
 		return newOCI(base, cfg.Podman, opt)
