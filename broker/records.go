@@ -84,31 +84,35 @@ func ActiveJobs(tx Tx) ([]*Job, error) {
 // load.
 func GetJobs(tx Tx, ids []string) ([]*Job, error) {
 	out := make([]*Job, len(ids))
-	workers := runtime.GOMAXPROCS(0)
 	for from := 0; from < len(ids); from += getJobsChunk {
 		chunk := ids[from:min(len(ids), from+getJobsChunk)]
 		raws, err := GetMany(tx, BucketJobs, chunk)
 		if err != nil {
 			return nil, err
 		}
+		// A few records (a listing's batch) decode faster in place than
+		// goroutines start.
+		workers := max(1, min(runtime.GOMAXPROCS(0), len(chunk)/128))
 		errs := make([]error, workers)
-		var wg sync.WaitGroup
-		for w := range workers {
-			wg.Go(func() {
-				for i := w * len(chunk) / workers; i < (w+1)*len(chunk)/workers; i++ {
-					if raws[i] == nil {
-						errs[w] = fmt.Errorf("job %s: %w", chunk[i], ErrNotFound)
-						return
-					}
-					j := new(Job)
-					if err := json.Unmarshal(raws[i], j); err != nil {
-						errs[w] = fmt.Errorf("decode %s/%s: %w", BucketJobs, chunk[i], err)
-						return
-					}
-					out[from+i] = j
+		decode := func(w int) {
+			for i := w * len(chunk) / workers; i < (w+1)*len(chunk)/workers; i++ {
+				if raws[i] == nil {
+					errs[w] = fmt.Errorf("job %s: %w", chunk[i], ErrNotFound)
+					return
 				}
-			})
+				j := new(Job)
+				if err := json.Unmarshal(raws[i], j); err != nil {
+					errs[w] = fmt.Errorf("decode %s/%s: %w", BucketJobs, chunk[i], err)
+					return
+				}
+				out[from+i] = j
+			}
 		}
+		var wg sync.WaitGroup
+		for w := 1; w < workers; w++ {
+			wg.Go(func() { decode(w) })
+		}
+		decode(0)
 		wg.Wait()
 		for _, err := range errs {
 			if err != nil {
