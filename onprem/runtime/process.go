@@ -55,7 +55,7 @@ func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
 	if workdir == "" {
 		workdir = dir
 	}
-	bin, err := jobCommand(j.Argv[0], j.Env, workdir)
+	bin, err := jobCommand(j.Argv[0], j.Env, workdir, id, p.root)
 	if err != nil {
 		p.dropGroup(cg)
 		return nil, startFailure("", "%v", err)
@@ -105,8 +105,10 @@ func (p *processRuntime) Start(_ context.Context, j *Job) (Proc, *Exit) {
 // last PATH of env: the spec's over the agent's), as execvp in the job's
 // environment would; exec.Command would search the agent's own PATH. A
 // relative directory on it is the job's working directory's. A name with
-// a slash is used as it is.
-func jobCommand(name string, env []string, workdir string) (string, error) {
+// a slash is used as it is. A file the job's uid may not run is passed
+// over, as execvp passes over EACCES: an agent running as root finds
+// /root/.local/bin/python, which the job, as its own uid, cannot reach.
+func jobCommand(name string, env []string, workdir string, id ident, asRoot bool) (string, error) {
 	if strings.Contains(name, "/") {
 		return name, nil
 	}
@@ -116,16 +118,74 @@ func jobCommand(name string, env []string, workdir string) (string, error) {
 			path = v
 		}
 	}
+	denied := ""
 	for _, dir := range filepath.SplitList(path) {
 		if !filepath.IsAbs(dir) {
 			dir = filepath.Join(workdir, dir) // "" is the working directory too
 		}
 		f := filepath.Join(dir, name)
-		if st, err := os.Stat(f); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+		st, err := os.Stat(f)
+		if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+			continue
+		}
+		if mayRun(f, id, asRoot) {
 			return f, nil
 		}
+		if denied == "" {
+			denied = f
+		}
+	}
+	if denied != "" {
+		return "", fmt.Errorf("command %q not found on the job's PATH (%s): %s is there, but the job's uid %d may not run it (no execute permission on it or on a directory above it)", name, path, denied, id.UID)
 	}
 	return "", fmt.Errorf("command %q not found on the job's PATH (%s)", name, path)
+}
+
+// mayRun reports whether uid id may execute the regular file f. An agent
+// that is not root runs the job as itself, and the kernel answers
+// (access(2)). A root agent runs it as id, with no supplementary groups:
+// the file needs an execute bit for id's class, and f, the file a link
+// at f leads to, and every directory on the way to either, a search bit.
+// ACLs are not read: a file that only an ACL opens to id is passed over.
+func mayRun(f string, id ident, asRoot bool) bool {
+	if !asRoot {
+		return syscall.Access(f, 0o1) == nil // X_OK
+	}
+	if id.UID == 0 {
+		return true // root runs anything with an execute bit
+	}
+	paths := []string{f}
+	if real, err := filepath.EvalSymlinks(f); err == nil && real != f {
+		paths = append(paths, real)
+	}
+	for _, p := range paths {
+		for q := p; ; q = filepath.Dir(q) {
+			if !modeAllows(q, id) {
+				return false
+			}
+			if q == filepath.Dir(q) {
+				break
+			}
+		}
+	}
+	return true
+}
+
+// modeAllows reports whether the execute (search) bit of p's mode for id's
+// class (owner, group or other, the first that applies) is set.
+func modeAllows(p string, id ident) bool {
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		return false
+	}
+	var bit uint32 = 0o001
+	switch {
+	case st.Uid == id.UID:
+		bit = 0o100
+	case st.Gid == id.GID:
+		bit = 0o010
+	}
+	return st.Mode&bit != 0
 }
 
 func (p *processRuntime) dropGroup(g *cgroup) {

@@ -162,6 +162,50 @@ func TestProcessFindsCommandOnJobPath(t *testing.T) {
 	if !strings.Contains(e.Message, `"hello-spillway"`) || !strings.Contains(e.Message, "PATH") {
 		t.Fatalf("start failure %+v; want one naming the command and PATH", e)
 	}
+
+	// The agent is root and finds copies the job's uid may not run: one
+	// in a directory only root may enter (as /root/.local/bin), one with
+	// only the owner's execute bit. Both are passed over, as execvp
+	// passes over EACCES, for the one the job may run.
+	private := filepath.Join(bin, "private")
+	ownerOnly := filepath.Join(bin, "owner-only")
+	for dir, mode := range map[string]os.FileMode{private: 0o700, ownerOnly: 0o755} {
+		if err := os.Mkdir(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, mode); err != nil { // past the umask
+			t.Fatal(err)
+		}
+	}
+	for dir, mode := range map[string]os.FileMode{private: 0o755, ownerOnly: 0o744} {
+		f := filepath.Join(dir, "hello-spillway")
+		if err := os.WriteFile(f, []byte("#!/bin/sh\necho wrong copy\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(f, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out = syncBuffer{}
+	p, e = rt.Start(context.Background(), &Job{ID: "path-3", Team: "nlp", Output: &out,
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + private + ":" + ownerOnly + ":" + bin}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	exit = p.Wait()
+	rt.Forget("path-3")
+	if want := "hello from " + filepath.Join(bin, "hello-spillway") + "\n"; exit.Code != 0 || out.String() != want {
+		t.Fatalf("exit %+v, output %q; want %q", exit, out.String(), want)
+	}
+	_, e = rt.Start(context.Background(), &Job{ID: "path-4", Team: "nlp", Output: &syncBuffer{},
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + private + ":" + ownerOnly}})
+	if e == nil {
+		t.Fatal("a command the job's uid may not run started")
+	}
+	rt.Forget("path-4")
+	if want := filepath.Join(private, "hello-spillway") + " is there, but the job's uid 20901 may not run it"; !strings.Contains(e.Message, want) {
+		t.Fatalf("start failure %+v; want one saying %q", e, want)
+	}
 }
 
 func TestProcessRefusesImage(t *testing.T) {
