@@ -97,3 +97,31 @@ func TestArrayCLI(t *testing.T) {
 		t.Fatalf("jobs --array with a name: %d %q", code, errOut)
 	}
 }
+
+// TestRunArray: `spillway run --array` makes an array from a command
+// line, as `sbatch --array --wrap` does: one job per index, each with its
+// SPILLWAY_ARRAY_INDEX; --wait, which follows one job, is refused with it.
+func TestRunArray(t *testing.T) {
+	_, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliUser, "run", "--no-upload", "--name", "shard", "--array", "0-8:4", "--", "sh", "-c", "echo $SPILLWAY_ARRAY_INDEX")
+	m := regexp.MustCompile(`^submitted array (\w{26}): 3 jobs, \w{26} \(index 0\) to \w{26} \(index 8\)\n$`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("run --array: %d %q %q", code, out, errOut)
+	}
+	out, errOut, code = runCLI(t, url, cliUser, "jobs", "--array", m[1], "-r")
+	for _, name := range []string{"shard[0]", "shard[4]", "shard[8]"} {
+		if code != 0 || !strings.Contains(out, name) {
+			t.Fatalf("jobs --array lacks %s: %d\n%s%s", name, code, out, errOut)
+		}
+	}
+
+	_, errOut, code = runCLI(t, url, cliUser, "run", "--no-upload", "--array", "0-1", "--wait", "--", "true")
+	if code == 0 || !strings.Contains(errOut, "--wait follows one job and --array makes many") {
+		t.Fatalf("run --array --wait: %d %q", code, errOut)
+	}
+	_, errOut, code = runCLI(t, url, cliUser, "run", "--no-upload", "--array", "5-1", "--", "true")
+	if code == 0 || !strings.Contains(errOut, "array") {
+		t.Fatalf("run --array 5-1: %d %q", code, errOut)
+	}
+	t.Logf("a bad range: %s", errOut)
+}

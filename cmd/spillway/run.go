@@ -14,7 +14,7 @@ import (
 
 func runCmd(g *globals) *cobra.Command {
 	var s broker.Spec
-	var timeout, gpuMemory string
+	var timeout, gpuMemory, array string
 	var env []string
 	var wait bool
 	var rt runFlags
@@ -23,7 +23,8 @@ func runCmd(g *globals) *cobra.Command {
 		Short: "Submit a command as a job (srun-like); --wait streams its log and exits with its code",
 		Example: `  spillway run --gpus 1 --time 2h -- python train.py
   spillway run --image registry.example.com/nlp/train:1.2 --memory 32Gi -- python train.py
-  spillway run --gpus 8 --time 30m --queue high_perf --wait -- torchrun --nproc-per-node 8 train.py`,
+  spillway run --gpus 8 --time 30m --queue high_perf --wait -- torchrun --nproc-per-node 8 train.py
+  spillway run --gpus 1 --time 1h --array 0-99%10 -- sh -c 'python shard.py --index $SPILLWAY_ARRAY_INDEX'`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := g.checkOutput(); err != nil {
@@ -57,6 +58,9 @@ func runCmd(g *globals) *cobra.Command {
 			if err := rt.apply(&s); err != nil {
 				return err
 			}
+			if array != "" && wait {
+				return fmt.Errorf("--wait follows one job and --array makes many; drop --wait and follow the array with spillway status ARRAY or spillway jobs --array ARRAY")
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -64,6 +68,16 @@ func runCmd(g *globals) *cobra.Command {
 			ctx := cmd.Context()
 			if err := rt.upload(ctx, g, c, &s); err != nil {
 				return err
+			}
+			if array != "" {
+				sub, err := c.SubmitArraySpec(ctx, s, array)
+				if err != nil {
+					return err
+				}
+				if sub.Array == nil {
+					return fmt.Errorf("--array %s: the broker made one job (%s), not an array; is it older than this CLI?", array, sub.Job.ID)
+				}
+				return printArraySubmitted(g, sub.Array)
 			}
 			j, err := c.SubmitSpec(ctx, s)
 			if err != nil {
@@ -95,6 +109,7 @@ func runCmd(g *globals) *cobra.Command {
 	f.StringVar((*string)(&s.Burst), "burst", "", "burst policy: never, allowed, prefer")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=value (repeatable)")
 	f.BoolVar(&wait, "wait", false, "wait for the job: stream its log, exit with its exit code")
+	f.StringVar(&array, "array", "", arrayFlagUsage)
 	rt.register(f)
 	return cmd
 }

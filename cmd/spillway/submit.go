@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/spillway-dev/spillway/broker/api"
 )
 
 func submitCmd(g *globals) *cobra.Command {
@@ -40,12 +42,7 @@ func submitCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if a := sub.Array; a != nil {
-				if g.json() {
-					return g.printJSON(a)
-				}
-				fmt.Fprintf(g.stdout, "submitted array %s: %d jobs, %s (index %d) to %s (index %d)\n",
-					a.ArrayID, a.Count, a.Jobs[0], a.Indexes[0], a.Jobs[len(a.Jobs)-1], a.Indexes[len(a.Indexes)-1])
-				return nil
+				return printArraySubmitted(g, a)
 			}
 			j := sub.Job
 			if g.json() {
@@ -56,6 +53,20 @@ func submitCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "job spec file, or - for standard input")
-	cmd.Flags().StringVar(&array, "array", "", "submit one job per index, as Slurm's --array: 0-999, 1,3,5-7 or 0-15:4, and %N for at most N running at once (0-999%10); each job reads its index from SPILLWAY_ARRAY_INDEX")
+	cmd.Flags().StringVar(&array, "array", "", arrayFlagUsage)
 	return cmd
+}
+
+// arrayFlagUsage is --array's help, for submit and run alike.
+const arrayFlagUsage = "submit one job per index, as Slurm's --array: 0-999, 1,3,5-7 or 0-15:4, and %N for at most N running at once (0-999%10); each job reads its index from SPILLWAY_ARRAY_INDEX"
+
+// printArraySubmitted says what an array submit made: its id and its first
+// and last elements (-o json: the whole answer).
+func printArraySubmitted(g *globals, a *api.ArraySubmitted) error {
+	if g.json() {
+		return g.printJSON(a)
+	}
+	fmt.Fprintf(g.stdout, "submitted array %s: %d jobs, %s (index %d) to %s (index %d)\n",
+		a.ArrayID, a.Count, a.Jobs[0], a.Indexes[0], a.Jobs[len(a.Jobs)-1], a.Indexes[len(a.Indexes)-1])
+	return nil
 }
