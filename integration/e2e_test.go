@@ -51,6 +51,20 @@ func TestQuickstart(t *testing.T) {
 	if code != 7 {
 		t.Fatalf("failing job: exit %d, want 7", code)
 	}
+	// An array through run --wait: every element waited for, the ones
+	// that failed named, the highest exit code out, as sbatch --wait
+	// --array does.
+	out, errOut, code = c.cli(tokAlice, "run", "--no-upload", "--gpus", "1", "--time", "1m", "--array", "0-4", "--wait", "--",
+		"sh", "-c", "exit $((SPILLWAY_ARRAY_INDEX % 3))")
+	if code != 2 || out != "" || !regexp.MustCompile(`array \w+: 3 did not succeed: sh\[1\] failed \(\w+, exit 1\); sh\[2\] failed \(\w+, exit 2\); sh\[4\] failed \(\w+, exit 1\)\n$`).MatchString(errOut) ||
+		!strings.Contains(errOut, "2 succeeded, 3 failed\n") {
+		t.Fatalf("run --array --wait: exit %d, want 2\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	t.Logf("run --array --wait, stderr:\n%s", errOut)
+	_, errOut, code = c.cli(tokAlice, "run", "--no-upload", "--gpus", "1", "--time", "1m", "--array", "0-2", "--wait", "--", "true")
+	if code != 0 || !strings.HasSuffix(errOut, ": every element succeeded\n") {
+		t.Fatalf("run --array --wait of good jobs: exit %d\nstderr: %s", code, errOut)
+	}
 	// A spec file through submit, and a rejected one naming its field.
 	spec := filepath.Join(c.dir, "job.yaml")
 	os.WriteFile(spec, []byte("name: bad\nresources: {gpus: 64}\ncommand: [\"true\"]\n"), 0o600)

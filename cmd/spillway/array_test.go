@@ -100,7 +100,7 @@ func TestArrayCLI(t *testing.T) {
 
 // TestRunArray: `spillway run --array` makes an array from a command
 // line, as `sbatch --array --wrap` does: one job per index, each with its
-// SPILLWAY_ARRAY_INDEX; --wait, which follows one job, is refused with it.
+// SPILLWAY_ARRAY_INDEX (with --wait: integration's TestQuickstart).
 func TestRunArray(t *testing.T) {
 	_, url := cliBroker(t)
 	out, errOut, code := runCLI(t, url, cliUser, "run", "--no-upload", "--name", "shard", "--array", "0-8:4", "--", "sh", "-c", "echo $SPILLWAY_ARRAY_INDEX")
@@ -115,10 +115,6 @@ func TestRunArray(t *testing.T) {
 		}
 	}
 
-	_, errOut, code = runCLI(t, url, cliUser, "run", "--no-upload", "--array", "0-1", "--wait", "--", "true")
-	if code == 0 || !strings.Contains(errOut, "--wait follows one job and --array makes many") {
-		t.Fatalf("run --array --wait: %d %q", code, errOut)
-	}
 	_, errOut, code = runCLI(t, url, cliUser, "run", "--no-upload", "--array", "5-1", "--", "true")
 	if code == 0 || !strings.Contains(errOut, "array") {
 		t.Fatalf("run --array 5-1: %d %q", code, errOut)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/broker"
+	"github.com/spillway-dev/spillway/broker/api"
 	"github.com/spillway-dev/spillway/broker/client"
 )
 
@@ -28,8 +29,10 @@ func transient(err error) bool {
 // reconnector says once per outage that the broker went away and waits
 // with backoff before the next try.
 type reconnector struct {
-	w       io.Writer
-	id      string
+	w  io.Writer
+	id string
+	// what says what goes on meanwhile; "" says "job ID keeps running".
+	what    string
 	backoff time.Duration
 	away    bool
 }
@@ -40,7 +43,11 @@ func (r *reconnector) wait(ctx context.Context, err error) error {
 	r.backoff = min(max(2*r.backoff, reconnectBackoff.initial), reconnectBackoff.max)
 	if !r.away {
 		r.away = true
-		fmt.Fprintf(r.w, "spillway: lost the broker (%v); reconnecting, job %s keeps running\n", err, r.id)
+		what := r.what
+		if what == "" {
+			what = "job " + r.id + " keeps running"
+		}
+		fmt.Fprintf(r.w, "spillway: lost the broker (%v); reconnecting, %s\n", err, what)
 	}
 	select {
 	case <-ctx.Done():
@@ -60,17 +67,29 @@ func (r *reconnector) ok() {
 
 // jobRetrying reads a job, retrying through broker restarts.
 func jobRetrying(ctx context.Context, c *client.Client, id string, r *reconnector) (*broker.Job, error) {
+	return retrying(ctx, r, func() (*broker.Job, error) { return c.Job(ctx, id) })
+}
+
+// arrayRetrying reads an array at a glance, retrying through broker
+// restarts.
+func arrayRetrying(ctx context.Context, c *client.Client, id string, r *reconnector) (*api.ArrayView, error) {
+	return retrying(ctx, r, func() (*api.ArrayView, error) { return c.Array(ctx, id) })
+}
+
+// retrying calls get until it answers or fails for good (not transient),
+// waiting out the broker's absences with r.
+func retrying[T any](ctx context.Context, r *reconnector, get func() (T, error)) (T, error) {
 	for {
-		j, err := c.Job(ctx, id)
+		v, err := get()
 		if err == nil {
 			r.ok()
-			return j, nil
+			return v, nil
 		}
 		if ctx.Err() != nil || !transient(err) {
-			return nil, err
+			return v, err
 		}
 		if werr := r.wait(ctx, err); werr != nil {
-			return nil, werr
+			return v, werr
 		}
 	}
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -58,9 +60,6 @@ func runCmd(g *globals) *cobra.Command {
 			if err := rt.apply(&s); err != nil {
 				return err
 			}
-			if array != "" && wait {
-				return fmt.Errorf("--wait follows one job and --array makes many; drop --wait and follow the array with spillway status ARRAY or spillway jobs --array ARRAY")
-			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -77,7 +76,11 @@ func runCmd(g *globals) *cobra.Command {
 				if sub.Array == nil {
 					return fmt.Errorf("--array %s: the broker made one job (%s), not an array; is it older than this CLI?", array, sub.Job.ID)
 				}
-				return printArraySubmitted(g, sub.Array)
+				if !wait {
+					return printArraySubmitted(g, sub.Array)
+				}
+				fmt.Fprintf(g.stderr, "spillway: submitted array %s (%d jobs); waiting for all of them (Ctrl-C stops waiting, the jobs keep going)\n", sub.Array.ArrayID, sub.Array.Count)
+				return waitForArray(ctx, g, c, sub.Array.ArrayID)
 			}
 			j, err := c.SubmitSpec(ctx, s)
 			if err != nil {
@@ -108,7 +111,7 @@ func runCmd(g *globals) *cobra.Command {
 	f.BoolVar(&s.Preemptible, "preemptible", false, "may be preempted by higher-priority work (gets its checkpoint signal first)")
 	f.StringVar((*string)(&s.Burst), "burst", "", "burst policy: never, allowed, prefer")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=value (repeatable)")
-	f.BoolVar(&wait, "wait", false, "wait for the job: stream its log, exit with its exit code")
+	f.BoolVar(&wait, "wait", false, "wait for the job: stream its log, exit with its exit code (with --array: wait for every element, say how many are in each state, exit with the highest exit code, as sbatch --wait does)")
 	f.StringVar(&array, "array", "", arrayFlagUsage)
 	rt.register(f)
 	return cmd
@@ -152,17 +155,10 @@ func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) er
 		if j.State.Terminal() {
 			last := j.History[len(j.History)-1]
 			fmt.Fprintf(g.stderr, "spillway: %s %s: %s\n", j.ID, j.State, last.Detail)
-			switch {
-			case j.State == broker.StateSucceeded:
-				return nil
-			case j.State == broker.StateTimedOut:
-				return exitError{124}
-			case j.State == broker.StateCancelled:
-				return exitError{130}
-			case j.ExitCode != nil && *j.ExitCode != 0:
-				return exitError{*j.ExitCode}
+			if code := exitStatus(j); code != 0 {
+				return exitError{code}
 			}
-			return exitError{1}
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -170,4 +166,93 @@ func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) er
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// exitStatus is what `run --wait` exits with for an ended job: 0 when it
+// succeeded, its own exit code, 124 for a timeout, 130 when cancelled, 1
+// when it ended with no code of its own.
+func exitStatus(j *broker.Job) int {
+	switch {
+	case j.State == broker.StateSucceeded:
+		return 0
+	case j.State == broker.StateTimedOut:
+		return 124
+	case j.State == broker.StateCancelled:
+		return 130
+	case j.ExitCode != nil && *j.ExitCode != 0:
+		return *j.ExitCode
+	}
+	return 1
+}
+
+// waitForArray waits until every element of an array has ended, saying
+// on stderr how many are in each state whenever that changes, and then
+// exits as sbatch --wait does for an array: 0 when every element
+// succeeded, else the highest exit status among them (exitStatus), after
+// naming the elements that did not succeed.
+func waitForArray(ctx context.Context, g *globals, c *client.Client, id string) error {
+	rc := &reconnector{w: g.stderr, id: id, what: "the jobs of array " + id + " keep going"}
+	last := ""
+	for {
+		v, err := arrayRetrying(ctx, c, id, rc)
+		if err != nil {
+			return err
+		}
+		if counts := arrayCounts(v); counts != last {
+			fmt.Fprintf(g.stderr, "spillway: array %s: %s\n", id, counts)
+			last = counts
+		}
+		if v.Active() == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	// The elements that did not succeed, a page at a time.
+	var bad []*broker.Job
+	o := client.ListOptions{Array: id, States: []broker.State{broker.StateFailed, broker.StateTimedOut, broker.StateCancelled}, Limit: 500}
+	for {
+		page, err := c.Jobs(ctx, o)
+		if err != nil {
+			return fmt.Errorf("list the elements of array %s that did not succeed: %w", id, err)
+		}
+		bad = append(bad, page.Jobs...)
+		if page.Next == "" {
+			break
+		}
+		o.Cursor = page.Next
+	}
+	if len(bad) == 0 {
+		fmt.Fprintf(g.stderr, "spillway: array %s: every element succeeded\n", id)
+		return nil
+	}
+	slices.SortFunc(bad, func(a, b *broker.Job) int { return cmp.Compare(arrayIndex(a), arrayIndex(b)) })
+	worst := 0
+	var named []string
+	for i, j := range bad {
+		code := exitStatus(j)
+		worst = max(worst, code)
+		if i < arrayShown {
+			named = append(named, fmt.Sprintf("%s %s (%s, exit %d)", escapeString(jobName(j)), j.State, j.ID, code))
+		}
+	}
+	more := ""
+	if len(bad) > arrayShown {
+		more = fmt.Sprintf(", and %d more (spillway jobs --array %s --all)", len(bad)-arrayShown, id)
+	}
+	fmt.Fprintf(g.stderr, "spillway: array %s: %d did not succeed: %s%s\n", id, len(bad), strings.Join(named, "; "), more)
+	return exitError{worst}
+}
+
+// arrayShown is how many of an array's failed elements waitForArray names.
+const arrayShown = 10
+
+func arrayIndex(j *broker.Job) int {
+	if j.ArrayIndex == nil {
+		return -1
+	}
+	return *j.ArrayIndex
 }
