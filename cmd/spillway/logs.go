@@ -19,7 +19,7 @@ func logsCmd(g *globals) *cobra.Command {
 			}
 			if o.Follow {
 				// Through broker restarts, with backoff (the job keeps running).
-				return followLogs(cmd.Context(), c, args[0], o, g.stdout, &reconnector{w: g.stderr, id: args[0]})
+				return followLogs(cmd.Context(), c, args[0], o, g.stdout, jobReconnector(g.stderr, args[0]))
 			}
 			return c.Logs(cmd.Context(), args[0], o, g.stdout)
 		},

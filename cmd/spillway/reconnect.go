@@ -29,12 +29,17 @@ func transient(err error) bool {
 // reconnector says once per outage that the broker went away and waits
 // with backoff before the next try.
 type reconnector struct {
-	w  io.Writer
-	id string
-	// what says what goes on meanwhile; "" says "job ID keeps running".
-	what    string
-	backoff time.Duration
-	away    bool
+	w io.Writer
+	// meanwhile says what goes on while the CLI is cut off ("job ID
+	// keeps running").
+	meanwhile string
+	backoff   time.Duration
+	away      bool
+}
+
+// jobReconnector is a reconnector for following one job.
+func jobReconnector(w io.Writer, id string) *reconnector {
+	return &reconnector{w: w, meanwhile: "job " + id + " keeps running"}
 }
 
 // wait reports the outage (first time only) and sleeps; it returns the
@@ -43,11 +48,7 @@ func (r *reconnector) wait(ctx context.Context, err error) error {
 	r.backoff = min(max(2*r.backoff, reconnectBackoff.initial), reconnectBackoff.max)
 	if !r.away {
 		r.away = true
-		what := r.what
-		if what == "" {
-			what = "job " + r.id + " keeps running"
-		}
-		fmt.Fprintf(r.w, "spillway: lost the broker (%v); reconnecting, %s\n", err, what)
+		fmt.Fprintf(r.w, "spillway: lost the broker (%v); reconnecting, %s\n", err, r.meanwhile)
 	}
 	select {
 	case <-ctx.Done():

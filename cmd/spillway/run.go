@@ -122,7 +122,7 @@ func runCmd(g *globals) *cobra.Command {
 // when cancelled.
 func waitForJob(ctx context.Context, g *globals, c *client.Client, id string) error {
 	progress := &waitProgress{w: g.stderr}
-	rc := &reconnector{w: g.stderr, id: id}
+	rc := jobReconnector(g.stderr, id)
 	for {
 		j, err := jobRetrying(ctx, c, id, rc)
 		if err != nil {
@@ -191,7 +191,7 @@ func exitStatus(j *broker.Job) int {
 // succeeded, else the highest exit status among them (exitStatus), after
 // naming the elements that did not succeed.
 func waitForArray(ctx context.Context, g *globals, c *client.Client, id string) error {
-	rc := &reconnector{w: g.stderr, id: id, what: "the jobs of array " + id + " keep going"}
+	rc := &reconnector{w: g.stderr, meanwhile: "the jobs of array " + id + " keep going"}
 	last := ""
 	for {
 		v, err := arrayRetrying(ctx, c, id, rc)
