@@ -191,6 +191,7 @@ type cluster struct {
 	stop    func()
 	dataDir string
 	agents  []int // pids of the agents run as processes (-agent-bin)
+	store   broker.GroupCommitter
 }
 
 func startCluster(o options, teams []string) (*cluster, error) {
@@ -250,6 +251,7 @@ auth:
 	if err != nil {
 		return nil, err
 	}
+	c.store = st
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := server.New(ctx, cfg, st, server.Options{Logger: log})
 	if err != nil {
@@ -395,12 +397,14 @@ type result struct {
 	submitS  float64       // first submit call to last submit answer
 	firstSub time.Time
 	calls    int
-	rtts     []float64 // each single submit's round trip, seconds
-	cpuS     float64   // CPU over the replay: this process (broker, submitters), or Slurm's daemons
-	cpuWhat  string    // whose CPU cpuS is
-	agentS   float64   // CPU over the replay of the agents run as processes (-agent-bin)
-	jobsS    float64   // CPU of the jobs' processes those agents reaped over the replay
-	floor    float64   // -floor: processes/s this machine starts and reaps with nothing else running
+	rtts     []float64               // each single submit's round trip, seconds
+	cpuS     float64                 // CPU over the replay: this process (broker, submitters), or Slurm's daemons
+	cpuWhat  string                  // whose CPU cpuS is
+	agentS   float64                 // CPU over the replay of the agents run as processes (-agent-bin)
+	jobsS    float64                 // CPU of the jobs' processes those agents reaped over the replay
+	floor    float64                 // -floor: processes/s this machine starts and reaps with nothing else running
+	writer   broker.GroupCommitStats // the store's group-commit writer over the replay (Spillway)
+	replayS  float64                 // first submit until every job had ended, as the waiter saw it
 }
 
 // outcome is what a replay measured of one job, whichever system ran it.
@@ -504,6 +508,7 @@ func replay(o options, items []Item) (*result, error) {
 	}
 	cpu0 := processCPU()
 	agent0, jobs0 := pidsCPU(c.agents)
+	writer0 := c.store.GroupCommits()
 	t0 := time.Now()
 	res.t0 = t0
 	res.calls = submitWorkload(o, items, t0, func(i int) { submitOne(items[i]) }, func(_ int, g []Item) {
@@ -531,6 +536,9 @@ func replay(o options, items []Item) (*result, error) {
 	}
 	res.cpuS = processCPU() - cpu0
 	res.cpuWhat = "this process (broker and submitters)"
+	res.replayS = time.Since(t0).Seconds()
+	writer1 := c.store.GroupCommits()
+	res.writer = broker.GroupCommitStats{Commits: writer1.Commits - writer0.Commits, Calls: writer1.Calls - writer0.Calls, Busy: writer1.Busy - writer0.Busy}
 	agent1, jobs1 := pidsCPU(c.agents)
 	res.agentS, res.jobsS = agent1-agent0, jobs1-jobs0
 	if o.traceFile != "" {
@@ -707,6 +715,11 @@ func (r *result) print(w io.Writer, o options, items []Item) {
 	if r.agentS > 0 {
 		fmt.Fprintf(w, "  CPU, the agents  %.2f s (%.2f ms a job); the jobs' processes they reaped %.2f s (%.2f ms a job)\n",
 			r.agentS, 1000*r.agentS/float64(len(items)), r.jobsS, 1000*r.jobsS/float64(len(items)))
+	}
+	if wr := r.writer; wr.Commits > 0 {
+		fmt.Fprintf(w, "  store writer     %d group commits (%.2f a job, %.1f writes each), busy %.0f%% of the replay (%.2f ms a commit)\n",
+			wr.Commits, float64(wr.Commits)/float64(len(items)), float64(wr.Calls)/float64(wr.Commits),
+			100*wr.Busy.Seconds()/r.replayS, 1000*wr.Busy.Seconds()/float64(wr.Commits))
 	}
 	fmt.Fprintf(w, "  GPU utilisation  %.1f%% (GPU-seconds held by running processes / (%d GPUs × makespan))\n", 100*busy/(float64(gpus)*makespan), gpus)
 	if failed > 0 {
