@@ -9,6 +9,10 @@ import (
 // MaxArraySize is the most elements one array submit may make.
 const MaxArraySize = 10000
 
+// ArrayHint says how an array's indexes are written, for the errors that
+// refuse them.
+const ArrayHint = "write indexes like 0-999, 1,3,5-7 or 0-15:4, and %N for at most N running at once"
+
 // maxArrayIndex is the largest index an array may name.
 const maxArrayIndex = 1_000_000
 

@@ -354,7 +354,7 @@ func (s *Spec) Validate(lim SpecLimits) error {
 	}
 	if s.Array != "" {
 		if _, _, err := ParseArray(s.Array); err != nil {
-			ve.add("array", CodeInvalid, "%v (write indexes like 0-999, 1,3,5-7 or 0-15:4, and %%N for at most N running at once)", err)
+			ve.add("array", CodeInvalid, "%v (%s)", err, ArrayHint)
 		}
 	}
 	if s.Workdir != "" {

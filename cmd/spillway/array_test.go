@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -115,9 +117,17 @@ func TestRunArray(t *testing.T) {
 		}
 	}
 
-	_, errOut, code = runCLI(t, url, cliUser, "run", "--no-upload", "--array", "5-1", "--", "true")
-	if code == 0 || !strings.Contains(errOut, "array") {
-		t.Fatalf("run --array 5-1: %d %q", code, errOut)
+	// A bad range is refused before the working directory is packed or
+	// sent, with the rule.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "train.py"), []byte("print(1)\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("a bad range: %s", errOut)
+	for _, bad := range []string{"5-1", "0-10000"} {
+		_, errOut, code = runCLI(t, url, cliUser, "run", "--workdir-from", dir, "--array", bad, "--", "true")
+		if code == 0 || !strings.Contains(errOut, "--array: ") || !strings.Contains(errOut, "write indexes like") || strings.Contains(errOut, "uploaded") {
+			t.Fatalf("run --array %s: %d %q", bad, code, errOut)
+		}
+		t.Logf("--array %s: %s", bad, errOut)
+	}
 }

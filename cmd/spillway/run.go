@@ -60,6 +60,13 @@ func runCmd(g *globals) *cobra.Command {
 			if err := rt.apply(&s); err != nil {
 				return err
 			}
+			if array != "" {
+				// Before the working directory is packed and sent: a
+				// mistyped range should not cost an upload first.
+				if _, _, err := broker.ParseArray(array); err != nil {
+					return fmt.Errorf("--array: %v (%s)", err, broker.ArrayHint)
+				}
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
