@@ -24,6 +24,10 @@ func (s *Server) submitArray(c echo.Context, p api.Principal, spec broker.Spec) 
 	if err != nil {
 		return errBadRequest("array", broker.CodeInvalid, "%v", err)
 	}
+	if capN := s.cfg().Limits.MaxPendingPerTeam; len(idx) > capN {
+		// No wait makes room for it: not a 429 to retry.
+		return errBadRequest("array", broker.CodeOutOfRange, "has %d elements, more than the %d pending jobs limits.maxPendingPerTeam allows a team; submit it in parts of at most %d, or ask an operator to raise the limit", len(idx), capN, capN)
+	}
 	if err := s.checkPendingRoom(spec.Team, len(idx)); err != nil {
 		return err
 	}

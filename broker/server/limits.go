@@ -80,7 +80,7 @@ func (s *Server) pendingRoomLocked(team string, n int) error {
 	capN := s.cfg().Limits.MaxPendingPerTeam
 	if have := s.limits.pending[team]; have+n > capN {
 		s.metrics.limited.WithLabelValues("pending_cap").Inc()
-		return errTooMany(30, "team %s has %d pending jobs and asks for %d more, past the %d limits.maxPendingPerTeam allows; wait for some to start or cancel some", team, have, n, capN)
+		return errTooMany(30, "team %s has %d pending jobs and asks for %d more; limits.maxPendingPerTeam allows %d; wait for some to start or cancel some", team, have, n, capN)
 	}
 	return nil
 }

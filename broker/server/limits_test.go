@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -87,6 +88,45 @@ func TestFinding6PendingCap(t *testing.T) {
 	h.srv.cfg().Limits.MaxPendingPerTeam = 3
 	if code, _ := h.submitCode(tokAlice, oneGPU); code != http.StatusTooManyRequests {
 		t.Fatalf("after a restart at the cap: %d", code)
+	}
+}
+
+// TestArrayPastPendingCap: an array that fits beside the team's pending
+// jobs only later gets 429 (wait and retry); one larger than the cap
+// itself can never fit and gets 400 naming the field, the limit and what
+// to do, with no Retry-After; neither stores anything.
+func TestArrayPastPendingCap(t *testing.T) {
+	h := newHarness(t)
+	h.srv.cfg().Limits.MaxPendingPerTeam = 4
+	h.submit(tokAlice, oneGPU)
+	var e struct {
+		Error struct {
+			Field, Code, Message string
+		} `json:"error"`
+	}
+	spec := `{"resources":{"gpus":1},"timeout":"1h","command":["true"]}`
+	if code := h.do("POST", "/v1/jobs?array=0-3", tokAlice, spec, &e); code != http.StatusTooManyRequests ||
+		!strings.Contains(e.Error.Message, "team nlp has 1 pending jobs and asks for 4 more; limits.maxPendingPerTeam allows 4") {
+		t.Fatalf("array of 4 beside 1 pending, cap 4: %d %+v", code, e)
+	}
+	req, _ := http.NewRequest("POST", h.http.URL+"/v1/jobs?array=0-4", strings.NewReader(spec))
+	req.Header.Set("Authorization", "Bearer "+tokAlice)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Retry-After") != "" || e.Error.Field != "array" ||
+		e.Error.Code != broker.CodeOutOfRange || !strings.Contains(e.Error.Message, "has 5 elements, more than the 4 pending jobs limits.maxPendingPerTeam allows a team; submit it in parts of at most 4") {
+		t.Fatalf("array of 5, cap 4: %d %q %+v", resp.StatusCode, resp.Header.Get("Retry-After"), e)
+	}
+	var l api.JobList
+	h.do("GET", "/v1/jobs", tokAdmin, nil, &l)
+	if len(l.Jobs) != 1 {
+		t.Fatalf("%d jobs stored, want the one lone job", len(l.Jobs))
 	}
 }
 
