@@ -12,18 +12,25 @@ type QueueView struct {
 	Running     int `json:"running"`
 	GPUsRunning int `json:"gpusRunning"`
 	GPUsWaiting int `json:"gpusWaiting"`
-	// Waiting lists the queue's waiting jobs in scheduling order, each with
-	// its reason (position, what it waits for, estimated start).
+	// Waiting lists the head of the queue's waiting jobs in scheduling
+	// order (?limit=, 100 unless said), each with its reason (position,
+	// what it waits for, estimated start); a user's list holds only the
+	// jobs of their own team.
 	Waiting []WaitingJob `json:"waiting"`
+	// WaitingMore is how many more of those jobs wait behind the list.
+	WaitingMore int `json:"waitingMore,omitempty"`
 }
 
 // WaitingJob is a waiting job in a queue overview.
 type WaitingJob struct {
-	ID       string                `json:"id"`
-	Name     string                `json:"name"`
-	Team     string                `json:"team"`
-	Priority string                `json:"priority"`
-	GPUs     int                   `json:"gpus"`
-	State    broker.State          `json:"state"`
-	Reason   *broker.PendingReason `json:"reason,omitempty"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// ArrayIndex is an array element's index (its name shows as
+	// name[index]).
+	ArrayIndex *int                  `json:"arrayIndex,omitempty"`
+	Team       string                `json:"team"`
+	Priority   string                `json:"priority"`
+	GPUs       int                   `json:"gpus"`
+	State      broker.State          `json:"state"`
+	Reason     *broker.PendingReason `json:"reason,omitempty"`
 }

@@ -449,12 +449,18 @@ func (c *Client) SetBudget(ctx context.Context, scope, limit string) (*broker.Bu
 	return &out, nil
 }
 
-// Queues returns every queue with its load and waiting jobs.
-func (c *Client) Queues(ctx context.Context) ([]api.QueueView, error) {
+// Queues returns every queue with its load and the head of its waiting
+// jobs: at most limit a queue (0: the broker's default, 100), with the
+// count of the rest in WaitingMore.
+func (c *Client) Queues(ctx context.Context, limit int) ([]api.QueueView, error) {
 	var out struct {
 		Queues []api.QueueView `json:"queues"`
 	}
-	if err := c.getJSON(ctx, http.MethodGet, "/v1/queues", nil, "", &out); err != nil {
+	path := "/v1/queues"
+	if limit > 0 {
+		path += "?limit=" + strconv.Itoa(limit)
+	}
+	if err := c.getJSON(ctx, http.MethodGet, path, nil, "", &out); err != nil {
 		return nil, err
 	}
 	return out.Queues, nil

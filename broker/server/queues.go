@@ -1,8 +1,10 @@
 package server
 
 import (
+	"cmp"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spillway-dev/spillway/broker/api"
@@ -12,11 +14,35 @@ import (
 	"github.com/spillway-dev/spillway/broker"
 )
 
-// listQueues serves GET /v1/queues: every queue, its load, and its
-// waiting jobs in order. Users see other teams' waiting jobs only as
-// counts.
+// queueWaitingDefault and queueWaitingMax bound the waiting jobs GET
+// /v1/queues lists per queue (?limit=): the head of each queue, in
+// order, and the count of the rest. A queue of 100,000 waiting jobs is
+// not one answer of 100,000 rows; where a job further back stands, its
+// explain says.
+const (
+	queueWaitingDefault = 100
+	queueWaitingMax     = 1000
+)
+
+// listQueues serves GET /v1/queues: every queue, its load, and the head
+// of its waiting jobs in order. Users see other teams' waiting jobs only
+// as counts.
 func (s *Server) listQueues(c echo.Context) error {
 	p := principal(c)
+	limit := queueWaitingDefault
+	if l := c.QueryParam("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > queueWaitingMax {
+			return errBadRequest("limit", broker.CodeOutOfRange, "must be between 1 and %d", queueWaitingMax)
+		}
+		limit = n
+	}
+	// The visible waiting jobs of each queue, with their places: read
+	// under the lock, ordered and cut outside it.
+	type waiting struct {
+		j   *broker.Job
+		pos int
+	}
 	s.lock()
 	views := make([]api.QueueView, 0, len(s.cfg().Queues))
 	index := map[string]int{}
@@ -24,7 +50,7 @@ func (s *Server) listQueues(c echo.Context) error {
 		views = append(views, api.QueueView{Queue: q, Waiting: []api.WaitingJob{}})
 		index[q.Name] = i
 	}
-	var jobs []*broker.Job
+	lists := make([][]waiting, len(views))
 	for j := range s.view.Jobs() {
 		i, ok := index[j.Spec.Queue]
 		if !ok {
@@ -39,32 +65,32 @@ func (s *Server) listQueues(c echo.Context) error {
 			v.Pending++
 			v.GPUsWaiting += j.TotalGPUs()
 			if canSeeTeam(p, j.Spec.Team) {
-				jobs = append(jobs, j)
+				pos := 1 << 30 // no place yet (not seen by a cycle): last
+				if r, ok := s.view.Reason(j.ID); ok && r.Position() > 0 {
+					pos = r.Position()
+				}
+				lists[i] = append(lists[i], waiting{j, pos})
 			}
 		}
 	}
 	s.mu.Unlock()
-	for _, j := range jobs {
-		jj := *j
-		s.overlayReason(&jj)
-		views[index[j.Spec.Queue]].Waiting = append(views[index[j.Spec.Queue]].Waiting, api.WaitingJob{ID: j.ID, Name: j.Spec.Name,
-			Team: j.Spec.Team, Priority: j.Spec.Priority, GPUs: j.TotalGPUs(), State: j.State, Reason: jj.Pending})
+	var shown []*broker.Job
+	for i, l := range lists {
+		slices.SortFunc(l, func(a, b waiting) int { return cmp.Or(a.pos-b.pos, strings.Compare(a.j.ID, b.j.ID)) })
+		if len(l) > limit {
+			views[i].WaitingMore = len(l) - limit
+			l = l[:limit]
+		}
+		for _, w := range l {
+			jj := *w.j // the record is replaced, never changed, when the job changes
+			shown = append(shown, &jj)
+		}
 	}
-	for i := range views {
-		slices.SortFunc(views[i].Waiting, func(a, b api.WaitingJob) int {
-			pa, pb := position(a), position(b)
-			if pa != pb {
-				return pa - pb
-			}
-			return strings.Compare(a.ID, b.ID)
-		})
+	s.overlayReasons(shown)
+	for _, j := range shown {
+		v := &views[index[j.Spec.Queue]]
+		v.Waiting = append(v.Waiting, api.WaitingJob{ID: j.ID, Name: j.Spec.Name, ArrayIndex: j.ArrayIndex,
+			Team: j.Spec.Team, Priority: j.Spec.Priority, GPUs: j.TotalGPUs(), State: j.State, Reason: j.Pending})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"queues": views})
-}
-
-func position(w api.WaitingJob) int {
-	if w.Reason == nil || w.Reason.Position == 0 {
-		return 1 << 30
-	}
-	return w.Reason.Position
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"slices"
 	"testing"
 
 	"github.com/spillway-dev/spillway/broker/api"
@@ -42,6 +43,62 @@ func TestQueueOverview(t *testing.T) {
 	for _, w := range def.Waiting {
 		if w.ID == hidden.ID {
 			t.Fatal("alice sees bob's waiting job")
+		}
+	}
+}
+
+// TestQueueOverviewHead: a long queue is listed by its head, in order,
+// with the count of the rest (?limit=, 100 unless said); the rest a user
+// is told of are their own team's; an array element carries its index;
+// a bad limit is refused naming the field.
+func TestQueueOverviewHead(t *testing.T) {
+	h := newHarness(t)
+	var ids []string
+	for range 5 {
+		ids = append(ids, h.submit(tokAlice, `{"resources": {"gpus": 1}, "command": ["x"]}`).ID)
+	}
+	h.submit(tokBob, `{"resources": {"gpus": 1}, "command": ["x"]}`)
+	var arr api.ArraySubmitted
+	if code := h.do("POST", "/v1/jobs?array=7-8", tokAlice, `{"name": "shard", "resources": {"gpus": 1}, "command": ["x"]}`, &arr); code != http.StatusCreated {
+		t.Fatalf("array: %d", code)
+	}
+	h.cycle() // no nodes: every job waits, with its place
+	var out struct {
+		Queues []api.QueueView `json:"queues"`
+	}
+	if code := h.do("GET", "/v1/queues?limit=2", tokAlice, nil, &out); code != http.StatusOK {
+		t.Fatalf("queues: %d", code)
+	}
+	def := out.Queues[slices.IndexFunc(out.Queues, func(q api.QueueView) bool { return q.Name == "default" })]
+	if def.Pending != 8 || len(def.Waiting) != 2 || def.WaitingMore != 5 {
+		t.Fatalf("limit 2: pending %d, listed %d, more %d", def.Pending, len(def.Waiting), def.WaitingMore)
+	}
+	for k, w := range def.Waiting {
+		if w.ID != ids[k] || w.Reason == nil || w.Reason.Position == 0 {
+			t.Fatalf("head %d: %+v, want %s first", k, w, ids[k])
+		}
+	}
+	if def.Waiting[0].Reason.Position >= def.Waiting[1].Reason.Position {
+		t.Fatalf("head out of order: %+v", def.Waiting)
+	}
+	out.Queues = nil
+	if code := h.do("GET", "/v1/queues", tokAlice, nil, &out); code != http.StatusOK {
+		t.Fatal(code)
+	}
+	def = out.Queues[slices.IndexFunc(out.Queues, func(q api.QueueView) bool { return q.Name == "default" })]
+	if len(def.Waiting) != 7 || def.WaitingMore != 0 {
+		t.Fatalf("default limit: listed %d, more %d", len(def.Waiting), def.WaitingMore)
+	}
+	last := def.Waiting[6]
+	if last.ID != arr.Jobs[1] || last.Name != "shard" || last.ArrayIndex == nil || *last.ArrayIndex != 8 {
+		t.Fatalf("array element %+v", last)
+	}
+	for _, bad := range []string{"0", "1001", "x"} {
+		var e struct {
+			Error struct{ Field string } `json:"error"`
+		}
+		if code := h.do("GET", "/v1/queues?limit="+bad, tokAlice, nil, &e); code != http.StatusBadRequest || e.Error.Field != "limit" {
+			t.Fatalf("limit=%s: %d %+v", bad, code, e)
 		}
 	}
 }

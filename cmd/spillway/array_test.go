@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -129,5 +130,27 @@ func TestRunArray(t *testing.T) {
 			t.Fatalf("run --array %s: %d %q", bad, code, errOut)
 		}
 		t.Logf("--array %s: %s", bad, errOut)
+	}
+}
+
+// TestQueueHead: `spillway queue` lists the head of each queue (-n) and
+// says how many more wait behind it; array elements show as name[index].
+func TestQueueHead(t *testing.T) {
+	srv, url := cliBroker(t)
+	out, errOut, code := runCLI(t, url, cliUser, "run", "--no-upload", "--name", "shard", "--array", "0-4", "--", "true")
+	if code != 0 {
+		t.Fatalf("run --array: %d %q %q", code, out, errOut)
+	}
+	if err := srv.Cycle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = runCLI(t, url, cliUser, "queue", "-n", "2")
+	if code != 0 || !strings.Contains(out, "shard[0]") || !strings.Contains(out, "shard[1]") || strings.Contains(out, "shard[2]") ||
+		!strings.Contains(out, "… and 3 more waiting behind them") {
+		t.Fatalf("queue -n 2: %d\n%s%s", code, out, errOut)
+	}
+	t.Logf("queue -n 2:\n%s", out)
+	if _, errOut, code = runCLI(t, url, cliUser, "queue", "-n", "0"); code == 0 || !strings.Contains(errOut, "--limit 0: must be between 1 and 1000") {
+		t.Fatalf("queue -n 0: %d %q", code, errOut)
 	}
 }

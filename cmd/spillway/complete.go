@@ -71,7 +71,7 @@ func completeJobs(g *globals, prefix string) []string {
 }
 
 func queueNames(c *client.Client, ctx context.Context) []string {
-	qs, err := c.Queues(ctx)
+	qs, err := c.Queues(ctx, 1) // the names only
 	if err != nil {
 		return nil
 	}

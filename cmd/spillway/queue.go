@@ -11,12 +11,18 @@ import (
 
 func queueCmd(g *globals) *cobra.Command {
 	var only string
+	var limit int
 	cmd := &cobra.Command{
 		Use:   "queue",
 		Short: "The queues: load, and the waiting jobs in order with why each waits",
-		Args:  cobra.NoArgs,
+		Example: `  spillway queue                      # every queue, and the first 20 waiting in each
+  spillway queue --queue default -n 200`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return show(g, cmd, func(c *client.Client) ([]api.QueueView, error) { return c.Queues(cmd.Context()) },
+			if limit < 1 || limit > 1000 {
+				return fmt.Errorf("--limit %d: must be between 1 and 1000", limit)
+			}
+			return show(g, cmd, func(c *client.Client) ([]api.QueueView, error) { return c.Queues(cmd.Context(), limit) },
 				func(qs []api.QueueView) error {
 					w := g.table()
 					fmt.Fprintln(w, "QUEUE\tKIND\tRUNNING\tGPUS\tWAITING\tGPUS WANTED\tTIMEOUT (DEFAULT/MAX)")
@@ -43,14 +49,22 @@ func queueCmd(g *globals) *cobra.Command {
 									pos = fmt.Sprint(j.Reason.Position)
 								}
 							}
-							fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", pos, j.ID, j.Name, j.Team, j.Priority, j.GPUs, why)
+							name := j.Name
+							if j.ArrayIndex != nil {
+								name = fmt.Sprintf("%s[%d]", j.Name, *j.ArrayIndex)
+							}
+							fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", pos, j.ID, name, j.Team, j.Priority, j.GPUs, why)
 						}
 						_ = w.Flush()
+						if q.WaitingMore > 0 {
+							fmt.Fprintf(g.stdout, "  … and %d more waiting behind them (-n lists up to 1000; spillway explain JOB says where one stands)\n", q.WaitingMore)
+						}
 					}
 					return nil
 				})
 		},
 	}
 	cmd.Flags().StringVar(&only, "queue", "", "only this queue")
+	cmd.Flags().IntVarP(&limit, "limit", "n", 20, "waiting jobs listed per queue, from the head (at most 1000)")
 	return cmd
 }
