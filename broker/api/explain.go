@@ -55,13 +55,15 @@ type ExplainQueue struct {
 
 // QueuedJob is one waiting job as the queue overview shows it.
 type QueuedJob struct {
-	ID       string `json:"id"`
-	Name     string `json:"name"`
-	Team     string `json:"team"`
-	Priority string `json:"priority"`
-	GPUs     int    `json:"gpus"`
-	Position int    `json:"position"`
-	Reason   string `json:"reason,omitempty"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// ArrayIndex is an array element's index (shown as name[index]).
+	ArrayIndex *int   `json:"arrayIndex,omitempty"`
+	Team       string `json:"team"`
+	Priority   string `json:"priority"`
+	GPUs       int    `json:"gpus"`
+	Position   int    `json:"position"`
+	Reason     string `json:"reason,omitempty"`
 }
 
 // ExplainTeamLoad is what the job's team holds now, for quota answers.

@@ -125,10 +125,10 @@ func explainQueue(v View, j *broker.Job, canSee func(team string) bool) *api.Exp
 		if id == j.ID || !ok || pos == 0 || r.Position() == 0 || r.Position() >= pos {
 			continue
 		}
-		qj := api.QueuedJob{ID: id, Name: o.Spec.Name, Team: o.Spec.Team, Priority: o.Spec.Priority,
+		qj := api.QueuedJob{ID: id, Name: o.Spec.Name, ArrayIndex: o.ArrayIndex, Team: o.Spec.Team, Priority: o.Spec.Priority,
 			GPUs: o.TotalGPUs(), Position: r.Position(), Reason: r.Code()}
 		if !canSee(o.Spec.Team) {
-			qj.ID, qj.Name = "", ""
+			qj.ID, qj.Name, qj.ArrayIndex = "", "", nil
 		}
 		ahead = append(ahead, qj)
 	}
@@ -564,7 +564,14 @@ func explainSteps(x *api.Explanation) []string {
 		}
 		add("%s", line)
 		for _, a := range q.Ahead {
-			add("     ahead: #%d %s team %s %s %d GPU(s) [%s]", a.Position, dash0(a.ID), a.Team, a.Priority, a.GPUs, a.Reason)
+			who := dash0(a.ID)
+			if a.Name != "" {
+				who += " " + a.Name
+				if a.ArrayIndex != nil {
+					who += fmt.Sprintf("[%d]", *a.ArrayIndex)
+				}
+			}
+			add("     ahead: #%d %s team %s %s %d GPU(s) [%s]", a.Position, who, a.Team, a.Priority, a.GPUs, a.Reason)
 		}
 		add("   Team %s holds %d GPUs in %d running job(s)", x.Team.Team, x.Team.HeldGPUs, x.Team.RunningJobs)
 	} else {

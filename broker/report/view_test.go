@@ -99,6 +99,8 @@ func TestExplainReadsTheQueueAndClusterFromTheView(t *testing.T) {
 	v.add(r1)
 	a, b, c := jobOf("a", "cv", 1, broker.StatePending), jobOf("b", "nlp", 1, broker.StatePending), jobOf("c", "nlp", 2, broker.StatePending)
 	v.pending(a, 1, sched.ReasonResources, "waiting for 1 GPU")
+	idx := 3
+	b.ArrayIndex = &idx // an array's element
 	v.pending(b, 2, sched.ReasonResources, "waiting for 1 GPU")
 	v.pending(c, 3, sched.ReasonResources, "waiting for 2 GPUs on one node")
 	v.nodes = []api.NodeView{node("n1", 2, map[int]*broker.Job{0: r1, 1: r1})}
@@ -121,6 +123,16 @@ func TestExplainReadsTheQueueAndClusterFromTheView(t *testing.T) {
 	}
 	if b := q.Ahead[1]; b.ID != "b" || b.Name != "run-b" || b.Position != 2 {
 		t.Errorf("own team's job ahead: %+v", b)
+	}
+	// The lines say whose job is ahead by name where the viewer may see it.
+	var aheadLines []string
+	for _, l := range x.Steps {
+		if strings.Contains(l, "ahead:") {
+			aheadLines = append(aheadLines, strings.TrimSpace(l))
+		}
+	}
+	if want := []string{"ahead: #1 - team cv normal 1 GPU(s) [resources]", "ahead: #2 b run-b[3] team nlp normal 1 GPU(s) [resources]"}; !slices.Equal(aheadLines, want) {
+		t.Errorf("ahead lines %q, want %q", aheadLines, want)
 	}
 	cl := x.Cluster
 	if cl.GPUs != 2 || cl.FreeGPUs != 0 || !cl.Full || len(cl.NodeList) != 1 || len(cl.NodeList[0].Holders) != 1 {
