@@ -39,3 +39,23 @@ func IsStoreFailure(err error) bool {
 	}
 	return false
 }
+
+// IsStoreUnreachable reports whether err is a store failure of reaching
+// the store (a refused, reset or closed connection, a timeout), as against
+// the store refusing the work (a full disk, a read-only file, an I/O
+// error, a Redis error reply). A store that answers again is past the
+// first kind, not the second: only a write that goes through shows that.
+func IsStoreUnreachable(err error) bool {
+	if !IsStoreFailure(err) {
+		return false
+	}
+	var re interface{ RedisError() }
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EIO) ||
+		errors.Is(err, syscall.EROFS) || errors.Is(err, berrors.ErrDatabaseReadOnly) || errors.As(err, &re) {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || errors.As(err, &ne)
+}

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/spillway-dev/spillway/broker/api"
@@ -264,4 +267,30 @@ func TestFinding8IdempotencyKey(t *testing.T) {
 
 func reopen(h *harness) (broker.Store, error) {
 	return bolt.Open(h.path)
+}
+
+// TestHealthzPastUnreachable: a failure to reach the store is over once
+// the store answers a ping again (a Redis back after an outage, with no
+// write since); a store refusing writes (a full disk) stays on /healthz
+// until a write goes through, ping or not.
+func TestHealthzPastUnreachable(t *testing.T) {
+	h := newHarness(t)
+	refused := fmt.Errorf("get logmeta: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
+	h.srv.noteStoreFailure(refused)
+	if msg := h.srv.recentStoreFailure(false); !strings.Contains(msg, "connection refused") {
+		t.Fatalf("unreachable, no ping since: %q", msg)
+	}
+	if msg := h.srv.recentStoreFailure(true); msg != "" {
+		t.Fatalf("unreachable, then a ping answered: still %q", msg)
+	}
+	h.srv.noteStoreFailure(fmt.Errorf("commit: %w", &os.PathError{Op: "write", Path: "spillway.db", Err: syscall.ENOSPC}))
+	if msg := h.srv.recentStoreFailure(true); !strings.Contains(msg, "no space left") {
+		t.Fatalf("a full disk, a ping answered: %q", msg)
+	}
+	h.agent("n1", 1)
+	h.submit(tokAlice, oneGPU)
+	h.cycle() // a state commit that goes through
+	if msg := h.srv.recentStoreFailure(false); msg != "" {
+		t.Fatalf("after a commit: %q", msg)
+	}
 }

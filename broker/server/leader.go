@@ -289,11 +289,11 @@ func (s *Server) leaderGate(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // health is the body and status of /healthz: 503 when the store is
-// unreachable, with the reason.
-func (s *Server) health(ctx context.Context) (api.Health, int) {
-	h := api.Health{Status: "ok", Version: api.Version, Leader: true}
+// unreachable, with the reason; pinged says the store answered a ping.
+func (s *Server) health(ctx context.Context) (h api.Health, status int, pinged bool) {
+	h = api.Health{Status: "ok", Version: api.Version, Leader: true}
 	if s.ha == nil {
-		return h, http.StatusOK
+		return h, http.StatusOK, false
 	}
 	st := s.ha.elector.Status()
 	tok := s.ha.term.Load()
@@ -304,11 +304,12 @@ func (s *Server) health(ctx context.Context) (api.Health, int) {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		err = p.Ping(pctx)
 		cancel()
+		pinged = err == nil
 	}
 	if err != nil {
 		h.Status = "unhealthy"
 		h.Error = "store unreachable: " + err.Error()
-		return h, http.StatusServiceUnavailable
+		return h, http.StatusServiceUnavailable, false
 	}
-	return h, http.StatusOK
+	return h, http.StatusOK, pinged
 }

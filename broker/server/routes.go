@@ -113,9 +113,9 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 func (s *Server) healthz(c echo.Context) error {
-	h, status := s.health(c.Request().Context())
+	h, status, pinged := s.health(c.Request().Context())
 	if status == http.StatusOK {
-		if msg := s.recentStoreFailure(); msg != "" {
+		if msg := s.recentStoreFailure(pinged); msg != "" {
 			h.Status, h.Error, status = "unhealthy", msg, http.StatusServiceUnavailable
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/spillway-dev/spillway/broker"
 )
 
 // storeRetryAfter is the Retry-After (seconds) of a 503 for a failing store.
@@ -19,6 +21,10 @@ type storeHealth struct {
 	mu  sync.Mutex
 	at  time.Time
 	err string
+	// unreachable: the failure was one of reaching the store
+	// (broker.IsStoreUnreachable), which a store answering a ping again
+	// has put behind it.
+	unreachable bool
 }
 
 // noteStoreFailure records a store failure now.
@@ -26,6 +32,7 @@ func (s *Server) noteStoreFailure(err error) {
 	s.storeHealth.mu.Lock()
 	defer s.storeHealth.mu.Unlock()
 	s.storeHealth.at, s.storeHealth.err = s.clock.Now(), err.Error()
+	s.storeHealth.unreachable = broker.IsStoreUnreachable(err)
 }
 
 // noteStoreSuccess clears the failure: a write went through since.
@@ -36,11 +43,13 @@ func (s *Server) noteStoreSuccess() {
 }
 
 // recentStoreFailure describes a store failure of the last
-// storeFailWindow, or returns "".
-func (s *Server) recentStoreFailure() string {
+// storeFailWindow, or returns "". pinged says the store answered a ping
+// just now: a failure to reach it is then over (a Redis back after an
+// outage, with nothing to write since), one of it refusing writes is not.
+func (s *Server) recentStoreFailure(pinged bool) string {
 	s.storeHealth.mu.Lock()
 	defer s.storeHealth.mu.Unlock()
-	if s.storeHealth.err == "" {
+	if s.storeHealth.err == "" || pinged && s.storeHealth.unreachable {
 		return ""
 	}
 	ago := s.clock.Now().Sub(s.storeHealth.at)
