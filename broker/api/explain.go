@@ -53,17 +53,11 @@ type ExplainQueue struct {
 	Ahead []QueuedJob `json:"ahead,omitempty"`
 }
 
-// QueuedJob is one waiting job as the queue overview shows it.
+// QueuedJob is one waiting job ahead of the explained one.
 type QueuedJob struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-	// ArrayIndex is an array element's index (shown as name[index]).
-	ArrayIndex *int   `json:"arrayIndex,omitempty"`
-	Team       string `json:"team"`
-	Priority   string `json:"priority"`
-	GPUs       int    `json:"gpus"`
-	Position   int    `json:"position"`
-	Reason     string `json:"reason,omitempty"`
+	QueueEntry
+	Position int    `json:"position"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 // ExplainTeamLoad is what the job's team holds now, for quota answers.

@@ -21,16 +21,33 @@ type QueueView struct {
 	WaitingMore int `json:"waitingMore,omitempty"`
 }
 
-// WaitingJob is a waiting job in a queue overview.
-type WaitingJob struct {
+// QueueEntry names a waiting job where a queue's order is shown (the
+// queue overview, explain's jobs ahead): a viewer sees another team's
+// job only by its team, priority and size, with no id or name.
+type QueueEntry struct {
 	ID   string `json:"id"`
 	Name string `json:"name"`
 	// ArrayIndex is an array element's index (its name shows as
 	// name[index]).
-	ArrayIndex *int                  `json:"arrayIndex,omitempty"`
-	Team       string                `json:"team"`
-	Priority   string                `json:"priority"`
-	GPUs       int                   `json:"gpus"`
-	State      broker.State          `json:"state"`
-	Reason     *broker.PendingReason `json:"reason,omitempty"`
+	ArrayIndex *int   `json:"arrayIndex,omitempty"`
+	Team       string `json:"team"`
+	Priority   string `json:"priority"`
+	GPUs       int    `json:"gpus"`
+}
+
+// NewQueueEntry names j for a viewer who may see its team's jobs
+// (visible) or not.
+func NewQueueEntry(j *broker.Job, visible bool) QueueEntry {
+	e := QueueEntry{Team: j.Spec.Team, Priority: j.Spec.Priority, GPUs: j.TotalGPUs()}
+	if visible {
+		e.ID, e.Name, e.ArrayIndex = j.ID, j.Spec.Name, j.ArrayIndex
+	}
+	return e
+}
+
+// WaitingJob is a waiting job in a queue overview.
+type WaitingJob struct {
+	QueueEntry
+	State  broker.State          `json:"state"`
+	Reason *broker.PendingReason `json:"reason,omitempty"`
 }

@@ -125,11 +125,7 @@ func explainQueue(v View, j *broker.Job, canSee func(team string) bool) *api.Exp
 		if id == j.ID || !ok || pos == 0 || r.Position() == 0 || r.Position() >= pos {
 			continue
 		}
-		qj := api.QueuedJob{ID: id, Name: o.Spec.Name, ArrayIndex: o.ArrayIndex, Team: o.Spec.Team, Priority: o.Spec.Priority,
-			GPUs: o.TotalGPUs(), Position: r.Position(), Reason: r.Code()}
-		if !canSee(o.Spec.Team) {
-			qj.ID, qj.Name, qj.ArrayIndex = "", "", nil
-		}
+		qj := api.QueuedJob{QueueEntry: api.NewQueueEntry(o, canSee(o.Spec.Team)), Position: r.Position(), Reason: r.Code()}
 		ahead = append(ahead, qj)
 	}
 	slices.SortFunc(ahead, func(a, b api.QueuedJob) int { return a.Position - b.Position })

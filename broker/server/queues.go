@@ -89,8 +89,7 @@ func (s *Server) listQueues(c echo.Context) error {
 	s.overlayReasons(shown)
 	for _, j := range shown {
 		v := &views[index[j.Spec.Queue]]
-		v.Waiting = append(v.Waiting, api.WaitingJob{ID: j.ID, Name: j.Spec.Name, ArrayIndex: j.ArrayIndex,
-			Team: j.Spec.Team, Priority: j.Spec.Priority, GPUs: j.TotalGPUs(), State: j.State, Reason: j.Pending})
+		v.Waiting = append(v.Waiting, api.WaitingJob{QueueEntry: api.NewQueueEntry(j, true), State: j.State, Reason: j.Pending})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"queues": views})
 }
