@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -120,4 +121,58 @@ auth:
 		list()
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/page")
+}
+
+// BenchmarkQueues is `spillway queue` as a user of team nlp asks for it
+// (GET /v1/queues, the head of each queue) with SPILLWAY_BENCH_PENDING
+// (default 100,000) pending jobs of the team in queue default, placed by
+// one scheduling cycle (no nodes: every job waits, with its place).
+func BenchmarkQueues(b *testing.B) {
+	n := benchPending()
+	dir := b.TempDir()
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listen: 127.0.0.1:0
+dataDir: %s
+auth:
+  tokens:
+    - {name: alice, role: user, team: nlp, token: %s}
+`, dir, tokAlice)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := benchBolt(b)
+	loadSweep(b, st, n)
+	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := srv.Cycle(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	h := srv.Handler()
+	get := func() []byte {
+		req := httptest.NewRequest(http.MethodGet, "/v1/queues", nil)
+		req.Header.Set("Authorization", "Bearer "+tokAlice)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			b.Fatalf("queues: %d %s", rec.Code, rec.Body)
+		}
+		return rec.Body.Bytes()
+	}
+	var out struct {
+		Queues []api.QueueView `json:"queues"`
+	}
+	if err := json.Unmarshal(get(), &out); err != nil {
+		b.Fatal(err)
+	}
+	def := out.Queues[slices.IndexFunc(out.Queues, func(q api.QueueView) bool { return q.Name == "default" })]
+	if def.Pending != n || len(def.Waiting) != min(n, 100) || def.WaitingMore != n-len(def.Waiting) || def.Waiting[0].Reason == nil || def.Waiting[0].Reason.Position != 1 {
+		b.Fatalf("default: pending %d, listed %d, more %d, first %+v", def.Pending, len(def.Waiting), def.WaitingMore, def.Waiting[0].Reason)
+	}
+	runtime.GC()
+	for b.Loop() {
+		get()
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/call")
 }
