@@ -72,24 +72,7 @@ func loadHistory(b *testing.B, st broker.Store) {
 // benchListJobs times the first page of a listing of the `active` jobs
 // that load writes; the page stands for `shown` of them.
 func benchListJobs(b *testing.B, fold bool, load func(*testing.B, broker.Store), active, shown int) {
-	dir := b.TempDir()
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-listen: 127.0.0.1:0
-dataDir: %s
-auth:
-  tokens:
-    - {name: alice, role: user, team: nlp, token: %s}
-`, dir, tokAlice)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	st := benchBolt(b)
-	load(b, st)
-	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := srv.Handler()
+	h := benchAliceBroker(b, load).Handler()
 	url := "/v1/jobs?state=pending,provisioning,starting,running,preempted,lost&foldArrays=" + strconv.FormatBool(fold)
 	list := func() *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodGet, url, nil)
@@ -129,23 +112,7 @@ auth:
 // one scheduling cycle (no nodes: every job waits, with its place).
 func BenchmarkQueues(b *testing.B) {
 	n := benchPending()
-	dir := b.TempDir()
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-listen: 127.0.0.1:0
-dataDir: %s
-auth:
-  tokens:
-    - {name: alice, role: user, team: nlp, token: %s}
-`, dir, tokAlice)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	st := benchBolt(b)
-	loadSweep(b, st, n)
-	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
+	srv := benchAliceBroker(b, func(b *testing.B, st broker.Store) { loadSweep(b, st, n) })
 	if err := srv.Cycle(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -175,4 +142,27 @@ auth:
 		get()
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/call")
+}
+
+// benchAliceBroker is a broker on a bbolt store that load fills, with one
+// user token (alice, team nlp), not serving: benchmarks call its Handler.
+func benchAliceBroker(b *testing.B, load func(*testing.B, broker.Store)) *Server {
+	b.Helper()
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+listen: 127.0.0.1:0
+dataDir: %s
+auth:
+  tokens:
+    - {name: alice, role: user, team: nlp, token: %s}
+`, b.TempDir(), tokAlice)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := benchBolt(b)
+	load(b, st)
+	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return srv
 }
