@@ -13,6 +13,15 @@ const MaxArraySize = 10000
 // refuse them.
 const ArrayHint = "write indexes like 0-999, 1,3,5-7 or 0-15:4, and %N for at most N running at once"
 
+// ElementName is how a job is named where it is listed: its name, with
+// its index when it is an array's element (eval[7]).
+func ElementName(name string, index *int) string {
+	if index == nil {
+		return name
+	}
+	return name + "[" + strconv.Itoa(*index) + "]"
+}
+
 // maxArrayIndex is the largest index an array may name.
 const maxArrayIndex = 1_000_000
 

@@ -562,10 +562,7 @@ func explainSteps(x *api.Explanation) []string {
 		for _, a := range q.Ahead {
 			who := dash0(a.ID)
 			if a.Name != "" {
-				who += " " + a.Name
-				if a.ArrayIndex != nil {
-					who += fmt.Sprintf("[%d]", *a.ArrayIndex)
-				}
+				who += " " + broker.ElementName(a.Name, a.ArrayIndex)
 			}
 			add("     ahead: #%d %s team %s %s %d GPU(s) [%s]", a.Position, who, a.Team, a.Priority, a.GPUs, a.Reason)
 		}

@@ -96,12 +96,7 @@ var activeStates = []broker.State{broker.StatePending, broker.StateProvisioning,
 
 // jobName is a job's name, with its index when it is an array's element
 // (eval[7]).
-func jobName(j *broker.Job) string {
-	if j.ArrayIndex == nil {
-		return j.Spec.Name
-	}
-	return fmt.Sprintf("%s[%d]", j.Spec.Name, *j.ArrayIndex)
-}
+func jobName(j *broker.Job) string { return broker.ElementName(j.Spec.Name, j.ArrayIndex) }
 
 // foldedName names an array's waiting elements on one line, as squeue
 // does: eval[12-999%10].

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/api"
 
 	"github.com/spf13/cobra"
@@ -49,11 +50,7 @@ func queueCmd(g *globals) *cobra.Command {
 									pos = fmt.Sprint(j.Reason.Position)
 								}
 							}
-							name := j.Name
-							if j.ArrayIndex != nil {
-								name = fmt.Sprintf("%s[%d]", j.Name, *j.ArrayIndex)
-							}
-							fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", pos, j.ID, name, j.Team, j.Priority, j.GPUs, why)
+							fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", pos, j.ID, broker.ElementName(j.Name, j.ArrayIndex), j.Team, j.Priority, j.GPUs, why)
 						}
 						_ = w.Flush()
 						if q.WaitingMore > 0 {
