@@ -67,14 +67,3 @@ func appendEscaped(out, raw []byte, r rune, size int) []byte {
 	}
 	return append(out, raw...)
 }
-
-// escapeString is escapeWriter for one string.
-func escapeString(s string) string {
-	var out []byte
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		out = appendEscaped(out, []byte(s[i:i+size]), r, size)
-		i += size
-	}
-	return string(out)
-}

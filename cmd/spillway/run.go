@@ -243,7 +243,7 @@ func waitForArray(ctx context.Context, g *globals, c *client.Client, id string) 
 		code := exitStatus(j)
 		worst = max(worst, code)
 		if i < arrayShown {
-			named = append(named, fmt.Sprintf("%s %s (%s, exit %d)", escapeString(jobName(j)), j.State, j.ID, code))
+			named = append(named, fmt.Sprintf("%s %s (%s, exit %d)", jobName(j), j.State, j.ID, code))
 		}
 	}
 	more := ""
