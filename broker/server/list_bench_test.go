@@ -148,16 +148,7 @@ func BenchmarkQueues(b *testing.B) {
 // user token (alice, team nlp), not serving: benchmarks call its Handler.
 func benchAliceBroker(b *testing.B, load func(*testing.B, broker.Store)) *Server {
 	b.Helper()
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-listen: 127.0.0.1:0
-dataDir: %s
-auth:
-  tokens:
-    - {name: alice, role: user, team: nlp, token: %s}
-`, b.TempDir(), tokAlice)))
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg := benchAliceConfig(b, "")
 	st := benchBolt(b)
 	load(b, st)
 	srv, err := New(context.Background(), cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -165,4 +156,19 @@ auth:
 		b.Fatal(err)
 	}
 	return srv
+}
+
+// benchNoLimits lifts the flood limits for benchmarks that submit flat out.
+const benchNoLimits = "limits: {submitsPerMinute: 1000000, submitBurst: 1000000, maxPendingPerTeam: 10000000}\n"
+
+// benchAliceConfig is a benchmark broker's config: a fresh data dir, one
+// user token (alice, team nlp), and extra YAML.
+func benchAliceConfig(b *testing.B, extra string) *config.Config {
+	b.Helper()
+	cfg, err := config.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\ndataDir: %s\n%sauth:\n  tokens:\n    - {name: alice, role: user, team: nlp, token: %s}\n",
+		b.TempDir(), extra, tokAlice)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cfg
 }

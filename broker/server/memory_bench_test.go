@@ -20,7 +20,6 @@ import (
 
 	"github.com/spillway-dev/spillway/broker/bolt"
 	"github.com/spillway-dev/spillway/broker/clock"
-	"github.com/spillway-dev/spillway/broker/config"
 )
 
 // BenchmarkPendingMemory submits SPILLWAY_BENCH_PENDING (default 100,000)
@@ -37,19 +36,8 @@ import (
 func BenchmarkPendingMemory(b *testing.B) {
 	n := benchPending()
 	for range b.N {
-		dir := b.TempDir()
-		cfg, err := config.Parse([]byte(fmt.Sprintf(`
-listen: 127.0.0.1:0
-dataDir: %s
-limits: {submitsPerMinute: 1000000, submitBurst: 1000000, maxPendingPerTeam: 10000000}
-auth:
-  tokens:
-    - {name: alice, role: user, team: nlp, token: %s}
-`, dir, tokAlice)))
-		if err != nil {
-			b.Fatal(err)
-		}
-		path := filepath.Join(dir, bolt.FileName)
+		cfg := benchAliceConfig(b, benchNoLimits)
+		path := filepath.Join(cfg.DataDir, bolt.FileName)
 		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 		clk := clock.NewFake(t0)
 		heap := func() float64 {

@@ -22,7 +22,6 @@ import (
 
 	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/bolt"
-	"github.com/spillway-dev/spillway/broker/config"
 	"github.com/spillway-dev/spillway/broker/redis"
 )
 
@@ -95,19 +94,9 @@ func BenchmarkSubmitScheduling(b *testing.B) {
 }
 
 func benchSubmit(b *testing.B, st broker.Store, clients int, loop bool) {
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-listen: 127.0.0.1:0
-dataDir: %s
-# One team submitting flat out: the flood limits (issue #15) stay out of
-# the way, so the figures are the API's and the store's.
-limits: {submitsPerMinute: 1000000, submitBurst: 1000000, maxPendingPerTeam: 10000000}
-auth:
-  tokens:
-    - {name: alice, role: user, team: nlp, token: %s}
-`, b.TempDir(), tokAlice)))
-	if err != nil {
-		b.Fatal(err)
-	}
+	// One team submitting flat out: the flood limits (issue #15) stay out
+	// of the way, so the figures are the API's and the store's.
+	cfg := benchAliceConfig(b, benchNoLimits)
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := New(ctx, cfg, st, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
