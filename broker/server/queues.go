@@ -2,6 +2,7 @@ package server
 
 import (
 	"cmp"
+	"container/heap"
 	"net/http"
 	"slices"
 	"strconv"
@@ -37,12 +38,9 @@ func (s *Server) listQueues(c echo.Context) error {
 		}
 		limit = n
 	}
-	// The visible waiting jobs of each queue, with their places: read
-	// under the lock, ordered and cut outside it.
-	type waiting struct {
-		j   *broker.Job
-		pos int
-	}
+	// The head of each queue's visible waiting jobs, kept while the jobs
+	// are read under the lock (a job behind the head costs one
+	// comparison), ordered outside it.
 	s.lock()
 	views := make([]api.QueueView, 0, len(s.cfg().Queues))
 	index := map[string]int{}
@@ -50,8 +48,11 @@ func (s *Server) listQueues(c echo.Context) error {
 		views = append(views, api.QueueView{Queue: q, Waiting: []api.WaitingJob{}})
 		index[q.Name] = i
 	}
-	lists := make([][]waiting, len(views))
-	for j := range s.view.Jobs() {
+	heads := make([]queueHead, len(views))
+	for i := range heads {
+		heads[i].n = limit
+	}
+	for j, h := range s.view.JobHandles() {
 		i, ok := index[j.Spec.Queue]
 		if !ok {
 			continue
@@ -66,22 +67,18 @@ func (s *Server) listQueues(c echo.Context) error {
 			v.GPUsWaiting += j.TotalGPUs()
 			if canSeeTeam(p, j.Spec.Team) {
 				pos := 1 << 30 // no place yet (not seen by a cycle): last
-				if r, ok := s.view.Reason(j.ID); ok && r.Position() > 0 {
+				if r, ok := s.view.ReasonAt(h); ok && r.Position() > 0 {
 					pos = r.Position()
 				}
-				lists[i] = append(lists[i], waiting{j, pos})
+				heads[i].offer(waiting{j, pos})
 			}
 		}
 	}
 	s.mu.Unlock()
 	var shown []*broker.Job
-	for i, l := range lists {
-		slices.SortFunc(l, func(a, b waiting) int { return cmp.Or(a.pos-b.pos, strings.Compare(a.j.ID, b.j.ID)) })
-		if len(l) > limit {
-			views[i].WaitingMore = len(l) - limit
-			l = l[:limit]
-		}
-		for _, w := range l {
+	for i := range heads {
+		views[i].WaitingMore = heads[i].seen - len(heads[i].h)
+		for _, w := range heads[i].ordered() {
 			jj := *w.j // the record is replaced, never changed, when the job changes
 			shown = append(shown, &jj)
 		}
@@ -92,4 +89,58 @@ func (s *Server) listQueues(c echo.Context) error {
 		v.Waiting = append(v.Waiting, api.WaitingJob{QueueEntry: api.NewQueueEntry(j, true), State: j.State, Reason: j.Pending})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"queues": views})
+}
+
+// waiting is a job waiting in a queue, with its place (1 << 30 when no
+// cycle has placed it yet).
+type waiting struct {
+	j   *broker.Job
+	pos int
+}
+
+func compareWaiting(a, b waiting) int {
+	return cmp.Or(cmp.Compare(a.pos, b.pos), strings.Compare(a.j.ID, b.j.ID))
+}
+
+// queueHead keeps the first n of the waiting jobs offered to it, in any
+// order of offer: a max-heap of at most n, the last kept on top, so that
+// a job behind them costs one comparison. seen counts every offer.
+type queueHead struct {
+	n    int
+	seen int
+	h    []waiting
+}
+
+func (q *queueHead) offer(w waiting) {
+	q.seen++
+	if len(q.h) < q.n {
+		heap.Push((*waitingHeap)(&q.h), w)
+		return
+	}
+	if compareWaiting(w, q.h[0]) >= 0 {
+		return
+	}
+	q.h[0] = w
+	heap.Fix((*waitingHeap)(&q.h), 0)
+}
+
+// ordered returns the kept jobs, first in the queue first.
+func (q *queueHead) ordered() []waiting {
+	slices.SortFunc(q.h, compareWaiting)
+	return q.h
+}
+
+// waitingHeap is container/heap's view of queueHead.h: the last in the
+// queue on top.
+type waitingHeap []waiting
+
+func (h waitingHeap) Len() int           { return len(h) }
+func (h waitingHeap) Less(i, j int) bool { return compareWaiting(h[i], h[j]) > 0 }
+func (h waitingHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *waitingHeap) Push(x any)        { *h = append(*h, x.(waiting)) }
+func (h *waitingHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

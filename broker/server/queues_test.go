@@ -1,10 +1,13 @@
 package server
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"testing"
 
+	"github.com/spillway-dev/spillway/broker"
 	"github.com/spillway-dev/spillway/broker/api"
 )
 
@@ -99,6 +102,33 @@ func TestQueueOverviewHead(t *testing.T) {
 		}
 		if code := h.do("GET", "/v1/queues?limit="+bad, tokAlice, nil, &e); code != http.StatusBadRequest || e.Error.Field != "limit" {
 			t.Fatalf("limit=%s: %d %+v", bad, code, e)
+		}
+	}
+}
+
+// TestQueueHeadKeepsTheFirst: the head kept while jobs are read in any
+// order is the first n of the whole queue sorted, ties (no place yet)
+// broken by id, and seen counts every job offered.
+func TestQueueHeadKeepsTheFirst(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct{ jobs, n int }{{0, 3}, {2, 3}, {3, 3}, {50, 1}, {500, 20}, {500, 500}} {
+		var all []waiting
+		for i := range c.jobs {
+			pos := 1 + rng.IntN(c.jobs) // repeats, as between places read across cycles
+			if rng.IntN(5) == 0 {
+				pos = 1 << 30
+			}
+			all = append(all, waiting{&broker.Job{ID: fmt.Sprintf("j%04d", i)}, pos})
+		}
+		rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+		q := queueHead{n: c.n}
+		for _, w := range all {
+			q.offer(w)
+		}
+		want := slices.SortedFunc(slices.Values(all), compareWaiting)[:min(c.n, c.jobs)]
+		got := q.ordered()
+		if q.seen != c.jobs || !slices.EqualFunc(got, want, func(a, b waiting) bool { return a.j == b.j && a.pos == b.pos }) {
+			t.Fatalf("%d jobs, head of %d: seen %d, got %d kept, first differs from the sorted queue", c.jobs, c.n, q.seen, len(got))
 		}
 	}
 }
