@@ -2,7 +2,6 @@ package broker
 
 import (
 	"bytes"
-	"container/heap"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -256,7 +255,7 @@ func PageJobs(f JobFilter, jobs []*Job) JobPage {
 	f.Limit = f.limit()
 	// A row is a job, or an array's waiting elements under the newest of
 	// them when folding.
-	rows := &newestJobs{k: f.Limit + 1}
+	rows := NewHead(f.Limit+1, newestFirst)
 	groups := map[string][]*Job{}
 	// From the end: a caller that holds its jobs roughly in submit order,
 	// as the leader's view does, gives the newest first, and once the heap
@@ -269,13 +268,13 @@ func PageJobs(f JobFilter, jobs []*Job) JobPage {
 			groups[j.ArrayID] = append(groups[j.ArrayID], j)
 			continue
 		}
-		rows.offer(j)
+		rows.Offer(j)
 	}
 	for _, g := range groups {
-		rows.offer(slices.MaxFunc(g, func(a, b *Job) int { return strings.Compare(a.ID, b.ID) }))
+		rows.Offer(slices.MaxFunc(g, func(a, b *Job) int { return strings.Compare(a.ID, b.ID) }))
 	}
 	var pg JobPage
-	pg.Jobs = rows.sorted()
+	pg.Jobs = rows.Sorted()
 	// ListJobs meets the jobs newest first and stops at the first row past
 	// the page: only what is newer than that row is on the page.
 	bound := ""
@@ -308,43 +307,8 @@ func PageJobs(f JobFilter, jobs []*Job) JobPage {
 	return pg
 }
 
-// newestJobs keeps the k jobs with the greatest ids offered to it: a
-// min-heap on id (container/heap), the oldest kept at [0].
-type newestJobs struct {
-	k    int
-	heap jobHeap
-}
-
-func (h *newestJobs) offer(j *Job) {
-	switch {
-	case len(h.heap) < h.k:
-		heap.Push(&h.heap, j)
-	case j.ID > h.heap[0].ID:
-		h.heap[0] = j
-		heap.Fix(&h.heap, 0)
-	}
-}
-
-// sorted returns the kept jobs, newest first.
-func (h *newestJobs) sorted() []*Job {
-	out := slices.Clone(h.heap)
-	slices.SortFunc(out, func(a, b *Job) int { return strings.Compare(b.ID, a.ID) })
-	return out
-}
-
-// jobHeap orders jobs by id, smallest first, for container/heap.
-type jobHeap []*Job
-
-func (h jobHeap) Len() int           { return len(h) }
-func (h jobHeap) Less(a, b int) bool { return h[a].ID < h[b].ID }
-func (h jobHeap) Swap(a, b int)      { h[a], h[b] = h[b], h[a] }
-func (h *jobHeap) Push(x any)        { *h = append(*h, x.(*Job)) }
-func (h *jobHeap) Pop() any {
-	old := *h
-	j := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return j
-}
+// newestFirst orders jobs by id, newest first (a page's order).
+func newestFirst(a, b *Job) int { return strings.Compare(b.ID, a.ID) }
 
 // ListJobs returns up to f.Limit jobs matching f, newest first, and the
 // cursor for the next page.

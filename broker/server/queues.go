@@ -2,9 +2,7 @@ package server
 
 import (
 	"cmp"
-	"container/heap"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -48,9 +46,10 @@ func (s *Server) listQueues(c echo.Context) error {
 		views = append(views, api.QueueView{Queue: q, Waiting: []api.WaitingJob{}})
 		index[q.Name] = i
 	}
-	heads := make([]queueHead, len(views))
+	heads := make([]*broker.Head[waiting], len(views))
+	seen := make([]int, len(views)) // visible waiting jobs of each queue
 	for i := range heads {
-		heads[i].n = limit
+		heads[i] = broker.NewHead(limit, compareWaiting)
 	}
 	for j, h := range s.view.JobHandles() {
 		i, ok := index[j.Spec.Queue]
@@ -70,15 +69,16 @@ func (s *Server) listQueues(c echo.Context) error {
 				if r, ok := s.view.ReasonAt(h); ok && r.Position() > 0 {
 					pos = r.Position()
 				}
-				heads[i].offer(waiting{j, pos})
+				heads[i].Offer(waiting{j, pos})
+				seen[i]++
 			}
 		}
 	}
 	s.mu.Unlock()
 	var shown []*broker.Job
-	for i := range heads {
-		views[i].WaitingMore = heads[i].seen - len(heads[i].h)
-		for _, w := range heads[i].ordered() {
+	for i, h := range heads {
+		views[i].WaitingMore = seen[i] - h.Len()
+		for _, w := range h.Sorted() {
 			jj := *w.j // the record is replaced, never changed, when the job changes
 			shown = append(shown, &jj)
 		}
@@ -100,47 +100,4 @@ type waiting struct {
 
 func compareWaiting(a, b waiting) int {
 	return cmp.Or(cmp.Compare(a.pos, b.pos), strings.Compare(a.j.ID, b.j.ID))
-}
-
-// queueHead keeps the first n of the waiting jobs offered to it, in any
-// order of offer: a max-heap of at most n, the last kept on top, so that
-// a job behind them costs one comparison. seen counts every offer.
-type queueHead struct {
-	n    int
-	seen int
-	h    []waiting
-}
-
-func (q *queueHead) offer(w waiting) {
-	q.seen++
-	if len(q.h) < q.n {
-		heap.Push((*waitingHeap)(&q.h), w)
-		return
-	}
-	if compareWaiting(w, q.h[0]) >= 0 {
-		return
-	}
-	q.h[0] = w
-	heap.Fix((*waitingHeap)(&q.h), 0)
-}
-
-// ordered returns the kept jobs, first in the queue first.
-func (q *queueHead) ordered() []waiting {
-	slices.SortFunc(q.h, compareWaiting)
-	return q.h
-}
-
-// waitingHeap is container/heap's view of queueHead.h: the last in the
-// queue on top.
-type waitingHeap []waiting
-
-func (h waitingHeap) Len() int           { return len(h) }
-func (h waitingHeap) Less(i, j int) bool { return compareWaiting(h[i], h[j]) > 0 }
-func (h waitingHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *waitingHeap) Push(x any)        { *h = append(*h, x.(waiting)) }
-func (h *waitingHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
 }

