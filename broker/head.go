@@ -14,7 +14,7 @@ type Head[T any] struct {
 }
 
 // NewHead returns an empty Head of k values under cmp (negative: a
-// comes first).
+// comes first); with k of 0 or less it keeps none.
 func NewHead[T any](k int, cmp func(a, b T) int) *Head[T] {
 	return &Head[T]{k: k, cmp: cmp}
 }
@@ -26,7 +26,7 @@ func (h *Head[T]) Offer(v T) {
 		h.up(len(h.h) - 1)
 		return
 	}
-	if h.k == 0 || h.cmp(v, h.h[0]) >= 0 {
+	if h.k <= 0 || h.cmp(v, h.h[0]) >= 0 {
 		return
 	}
 	h.h[0] = v
