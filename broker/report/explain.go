@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -114,24 +115,37 @@ func explainQueue(v View, j *broker.Job, canSee func(team string) bool) *api.Exp
 	if j.Pending != nil {
 		pos = j.Pending.Position
 	}
-	var ahead []api.QueuedJob
+	// The explainAhead jobs just ahead, kept while the queue is read: a
+	// job far back in a queue of 100,000 does not sort them all.
+	type waiting struct {
+		o *broker.Job
+		r sched.Reason
+	}
+	closest := broker.NewHead(explainAhead, func(a, b waiting) int {
+		return cmp.Or(cmp.Compare(b.r.Position(), a.r.Position()), strings.Compare(b.o.ID, a.o.ID))
+	})
 	for o := range v.Jobs() {
 		if o.State != broker.StatePending || o.Spec.Queue != j.Spec.Queue {
 			continue
 		}
 		q.Waiting++
-		id := o.ID
-		r, ok := v.Reason(id)
-		if id == j.ID || !ok || pos == 0 || r.Position() == 0 || r.Position() >= pos {
+		r, ok := v.Reason(o.ID)
+		if o.ID == j.ID || !ok || pos == 0 || r.Position() == 0 || r.Position() >= pos {
 			continue
 		}
-		qj := api.QueuedJob{QueueEntry: api.NewQueueEntry(o, canSee(o.Spec.Team)), Position: r.Position(), Reason: r.Code()}
-		ahead = append(ahead, qj)
+		closest.Offer(waiting{o, r})
 	}
-	slices.SortFunc(ahead, func(a, b api.QueuedJob) int { return a.Position - b.Position })
-	q.Ahead = ahead[max(0, len(ahead)-10):]
+	kept := closest.Sorted()
+	slices.Reverse(kept) // in queue order
+	for _, w := range kept {
+		q.Ahead = append(q.Ahead, api.QueuedJob{QueueEntry: api.NewQueueEntry(w.o, canSee(w.o.Spec.Team)), Position: w.r.Position(), Reason: w.r.Code()})
+	}
 	return q
 }
+
+// explainAhead is how many of the jobs ahead of a waiting one explain
+// lists: those just ahead of it.
+const explainAhead = 10
 
 // teamLoad is what a team holds now, next to its quota.
 func teamLoad(v View, cfg *config.Config, team string) api.ExplainTeamLoad {

@@ -2,6 +2,7 @@ package report
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"maps"
 	"os"
@@ -292,5 +293,30 @@ func TestSummariseTakesTheNearestRank(t *testing.T) {
 	}
 	if z := summarise(nil); z != (api.Durations{}) {
 		t.Errorf("summarise(nil) = %+v", z)
+	}
+}
+
+// TestExplainListsTheTenJustAhead: a job far back in its queue is shown
+// the ten jobs just ahead of it, in queue order, whatever order the view
+// yields them in.
+func TestExplainListsTheTenJustAhead(t *testing.T) {
+	v := &fakeView{}
+	var last *broker.Job
+	for pos := 1; pos <= 40; pos++ {
+		last = jobOf(fmt.Sprintf("j%02d", pos), "nlp", 1, broker.StatePending)
+		v.pending(last, pos, sched.ReasonResources, "waiting for 1 GPU")
+	}
+	asked := last.Clone()
+	asked.Pending = &broker.PendingReason{Code: sched.ReasonResources, Position: 40}
+	x, err := reportsOver(v).Explain(context.Background(), asked, func(string) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for _, a := range x.Queue.Ahead {
+		got = append(got, a.Position)
+	}
+	if want := []int{30, 31, 32, 33, 34, 35, 36, 37, 38, 39}; x.Queue.Waiting != 40 || !slices.Equal(got, want) {
+		t.Fatalf("waiting %d, ahead at %v; want 40 waiting and %v", x.Queue.Waiting, got, want)
 	}
 }
