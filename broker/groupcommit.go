@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -31,31 +32,53 @@ type GroupCommitStats struct {
 // wait out, so latency stays one commit when idle while throughput grows
 // with load (bbolt's own Batch holds every batch for MaxBatchDelay
 // instead).
+//
+// The one exception is a call marked Patient (the broker's own state
+// changes, which no client waits on directly). A commit that would carry
+// patient calls only, queued within Linger of the end of a commit that
+// carried an impatient call (a submit), waits for the rest of that Linger
+// for the next impatient call and shares its commit. One client
+// submitting job after job sends its next submit a fraction of a
+// millisecond after the answer; without the wait, the scheduling cycle's
+// commit of the job before takes the writer first and the submit waits a
+// whole commit behind it.
 type GroupCommit struct {
 	// Max bounds the calls one commit carries.
 	Max int
+	// Linger is how long, after a commit with an impatient call ends, a
+	// commit of patient calls waits for the next impatient one (0: none).
+	// It is real time: it paces the writer and decides nothing.
+	Linger time.Duration
 	// Commit runs fns in one transaction, or as few as it must, and
 	// returns each one's answer: nil once committed.
 	Commit func(fns []func(Tx) error) []error
 
 	commits, calls, busy atomic.Int64
 
-	mu      sync.Mutex
-	queue   []*groupCall
-	running bool
+	mu        sync.Mutex
+	queue     []*groupCall
+	running   bool
+	lastDone  time.Time     // when the last commit with an impatient call ended
+	lingering chan struct{} // while the writer waits: closed by an impatient call
 }
 
 // groupCall is one Batch caller waiting for its commit.
 type groupCall struct {
-	fn  func(Tx) error
-	err chan error
+	fn      func(Tx) error
+	err     chan error
+	patient bool
 }
 
-// Do queues fn for the next commit and returns its answer.
-func (g *GroupCommit) Do(fn func(Tx) error) error {
-	c := &groupCall{fn: fn, err: make(chan error, 1)}
+// Do queues fn for the next commit and returns its answer. A ctx marked
+// by Patient makes the call patient.
+func (g *GroupCommit) Do(ctx context.Context, fn func(Tx) error) error {
+	c := &groupCall{fn: fn, err: make(chan error, 1), patient: IsPatient(ctx)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
+	if !c.patient && g.lingering != nil {
+		close(g.lingering)
+		g.lingering = nil
+	}
 	if !g.running {
 		g.running = true
 		go g.drain()
@@ -74,6 +97,15 @@ func (g *GroupCommit) drain() {
 			g.mu.Unlock()
 			return
 		}
+		if wait := time.Until(g.lastDone.Add(g.Linger)); wait > 0 && allPatient(g.queue) {
+			ch := make(chan struct{})
+			g.lingering = ch
+			g.mu.Unlock()
+			linger(ch, wait)
+			g.mu.Lock()
+			g.lingering = nil
+			n = min(len(g.queue), g.Max)
+		}
 		calls := g.queue[:n:n]
 		g.queue = g.queue[n:]
 		g.mu.Unlock()
@@ -83,13 +115,53 @@ func (g *GroupCommit) drain() {
 		}
 		start := time.Now()
 		errs := g.Commit(fns)
-		g.busy.Add(int64(time.Since(start)))
+		end := time.Now()
+		g.busy.Add(int64(end.Sub(start)))
+		if !allPatient(calls) {
+			g.mu.Lock()
+			g.lastDone = end
+			g.mu.Unlock()
+		}
 		g.commits.Add(1)
 		g.calls.Add(int64(n))
 		for i, c := range calls {
 			c.err <- errs[i]
 		}
 	}
+}
+
+// linger waits until ch is closed (an impatient call queued) or d passed.
+func linger(ch <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}
+
+func allPatient(calls []*groupCall) bool {
+	for _, c := range calls {
+		if !c.patient {
+			return false
+		}
+	}
+	return true
+}
+
+type patientKey struct{}
+
+// Patient marks the store writes made with ctx as patient: a group
+// commit of them alone may wait a moment to share the next submit's
+// commit (GroupCommit.Linger).
+func Patient(ctx context.Context) context.Context {
+	return context.WithValue(ctx, patientKey{}, true)
+}
+
+// IsPatient reports whether ctx was marked by Patient.
+func IsPatient(ctx context.Context) bool {
+	v, _ := ctx.Value(patientKey{}).(bool)
+	return v
 }
 
 // GroupCommits reports the commits so far (GroupCommitter).

@@ -17,7 +17,7 @@ func (s *Store) Batch(ctx context.Context, fn func(broker.Tx) error) error {
 	}
 	s.inflight.Add(1)
 	defer s.inflight.Done()
-	return s.group.Do(fn)
+	return s.group.Do(ctx, fn)
 }
 
 // GroupCommits reports the group commits of Batch (broker.GroupCommitter).

@@ -39,9 +39,11 @@ func (s *Server) commitLocked(ctx context.Context, jobs []*broker.Job, nodes []*
 	now := s.clock.Now()
 	defer trace.StartRegion(ctx, "broker.commit").End()
 	// Batch: the commit shares its fsync with the submits and the other
-	// commits of the moment (group commit); fn reads memory the caller's
-	// lock holds still, and writes only the transaction.
-	err := s.store.Batch(withCommit(ctx, commitState, len(jobs)), func(tx broker.Tx) error {
+	// commits of the moment (group commit), and, patient, waits a moment
+	// for a submit to share it with (broker.GroupCommit.Linger); fn reads
+	// memory the caller's lock holds still, and writes only the
+	// transaction.
+	err := s.store.Batch(broker.Patient(withCommit(ctx, commitState, len(jobs))), func(tx broker.Tx) error {
 		for _, j := range jobs {
 			if err := broker.PutJob(tx, j); err != nil {
 				return err
