@@ -33,11 +33,13 @@ type GroupCommitStats struct {
 // with load (bbolt's own Batch holds every batch for MaxBatchDelay
 // instead).
 //
-// The one exception is a call marked Patient (the broker's own state
-// changes, which no client waits on directly). A commit that would carry
-// patient calls only, queued within Linger of the end of a commit that
-// carried an impatient call (a submit), waits for the rest of that Linger
-// for the next impatient call and shares its commit. One client
+// The one exception is a call marked Patient: the broker's state changes
+// (a cycle's starts, agents' reports, cancels), for which a millisecond
+// more costs less than it does a submit, whose client may send nothing
+// more until it is answered. A commit that would carry patient calls
+// only, queued within Linger of the end of a commit that carried an
+// impatient call (a submit), waits for the rest of that Linger for the
+// next impatient call and shares its commit. One client
 // submitting job after job sends its next submit a fraction of a
 // millisecond after the answer; without the wait, the scheduling cycle's
 // commit of the job before takes the writer first and the submit waits a
