@@ -28,27 +28,31 @@ type GroupCommitStats struct {
 
 // GroupCommit is a store's Batch: callers that arrive while a commit is
 // in flight wait for the next one and share it (one transaction, one
-// fsync or script run). A lone caller commits at once, with no timer to
-// wait out, so latency stays one commit when idle while throughput grows
-// with load (bbolt's own Batch holds every batch for MaxBatchDelay
-// instead).
+// fsync or script run). A caller that finds the writer idle, with no
+// commit ended within Linger, commits at once: latency stays one commit
+// when idle while throughput grows with load (bbolt's own Batch holds
+// every batch for MaxBatchDelay instead).
 //
-// The one exception is a call marked Patient: the broker's state changes
-// (a cycle's starts, agents' reports, cancels), for which a millisecond
-// more costs less than it does a submit, whose client may send nothing
-// more until it is answered. A commit that would carry patient calls
-// only, queued within Linger of the end of a commit that carried an
-// impatient call (a submit), waits for the rest of that Linger for the
-// next impatient call and shares its commit. One client
-// submitting job after job sends its next submit a fraction of a
-// millisecond after the answer; without the wait, the scheduling cycle's
-// commit of the job before takes the writer first and the submit waits a
-// whole commit behind it.
+// The one wait is Linger. The callers a commit answers are mostly
+// clients (a submit, an agent's log) whose next write comes a fraction
+// of a millisecond after the answer. So after a commit that answered n
+// impatient calls (any not marked Patient), the next one waits until n
+// impatient calls have queued again, or until Linger after its end.
+// Without the wait, 16 clients split into two groups that take turns:
+// the callers that queued during a commit commit without those just
+// answered, who then wait a whole commit behind them; half the calls a
+// commit, twice the commits. Calls marked Patient (the broker's state
+// changes: a cycle's starts, agents' reports, cancels, for which a
+// millisecond more costs less than it does a submit) do not count as
+// returned, so a commit of them alone right after a submit waits to share
+// the next submit's commit; without that, one client submitting job
+// after job finds the cycle's commit of the job before in the writer and
+// waits a whole commit behind it.
 type GroupCommit struct {
 	// Max bounds the calls one commit carries.
 	Max int
-	// Linger is how long, after a commit with an impatient call ends, a
-	// commit of patient calls waits for the next impatient one (0: none).
+	// Linger is how long, after a commit with impatient calls ends, the
+	// next commit waits for as many impatient calls to queue (0: none).
 	// It is real time: it paces the writer and decides nothing.
 	Linger time.Duration
 	// Commit runs fns in one transaction, or as few as it must, and
@@ -61,7 +65,9 @@ type GroupCommit struct {
 	queue     []*groupCall
 	running   bool
 	lastDone  time.Time     // when the last commit with an impatient call ended
-	lingering chan struct{} // while the writer waits: closed by an impatient call
+	answered  int           // the impatient calls that commit answered
+	returned  int           // impatient calls queued since it ended
+	lingering chan struct{} // while the writer waits: closed once returned reaches answered
 }
 
 // groupCall is one Batch caller waiting for its commit.
@@ -77,9 +83,12 @@ func (g *GroupCommit) Do(ctx context.Context, fn func(Tx) error) error {
 	c := &groupCall{fn: fn, err: make(chan error, 1), patient: IsPatient(ctx)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
-	if !c.patient && g.lingering != nil {
-		close(g.lingering)
-		g.lingering = nil
+	if !c.patient {
+		g.returned++
+		if g.lingering != nil && g.returned >= g.answered {
+			close(g.lingering)
+			g.lingering = nil
+		}
 	}
 	if !g.running {
 		g.running = true
@@ -99,7 +108,7 @@ func (g *GroupCommit) drain() {
 			g.mu.Unlock()
 			return
 		}
-		if wait := time.Until(g.lastDone.Add(g.Linger)); wait > 0 && allPatient(g.queue) {
+		if wait := time.Until(g.lastDone.Add(g.Linger)); wait > 0 && g.returned < g.answered && n < g.Max {
 			ch := make(chan struct{})
 			g.lingering = ch
 			g.mu.Unlock()
@@ -119,9 +128,9 @@ func (g *GroupCommit) drain() {
 		errs := g.Commit(fns)
 		end := time.Now()
 		g.busy.Add(int64(end.Sub(start)))
-		if !allPatient(calls) {
+		if m := impatient(calls); m > 0 {
 			g.mu.Lock()
-			g.lastDone = end
+			g.lastDone, g.answered, g.returned = end, m, 0
 			g.mu.Unlock()
 		}
 		g.commits.Add(1)
@@ -132,7 +141,8 @@ func (g *GroupCommit) drain() {
 	}
 }
 
-// linger waits until ch is closed (an impatient call queued) or d passed.
+// linger waits until ch is closed (the answered callers are back) or d
+// passed.
 func linger(ch <-chan struct{}, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -142,13 +152,15 @@ func linger(ch <-chan struct{}, d time.Duration) {
 	}
 }
 
-func allPatient(calls []*groupCall) bool {
+// impatient counts the calls not marked Patient.
+func impatient(calls []*groupCall) int {
+	n := 0
 	for _, c := range calls {
 		if !c.patient {
-			return false
+			n++
 		}
 	}
-	return true
+	return n
 }
 
 type patientKey struct{}

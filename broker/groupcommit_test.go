@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -81,6 +82,101 @@ func TestPatientCommitJoinsTheNextSubmit(t *testing.T) {
 	got := g.commits()
 	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
 		t.Fatalf("commit sizes %v, want [1 2]: the patient write shares the second submit's commit", got)
+	}
+}
+
+// TestCommitWaitsForTheCallersItAnswered: callers that queued while a
+// commit was in flight wait, before their own commit, until as many
+// calls as that commit answered have queued again, so concurrent
+// clients share one commit instead of taking turns in two.
+func TestCommitWaitsForTheCallersItAnswered(t *testing.T) {
+	ctx := context.Background()
+	gate := make(chan struct{})
+	var sizesMu sync.Mutex
+	var sizes []int
+	g := &GroupCommit{Max: 100, Linger: time.Hour, Commit: func(fns []func(Tx) error) []error {
+		sizesMu.Lock()
+		firstCommit := len(sizes) == 0
+		sizesMu.Unlock()
+		if firstCommit {
+			<-gate // hold the first commit until the next calls queue
+		}
+		sizesMu.Lock()
+		sizes = append(sizes, len(fns))
+		sizesMu.Unlock()
+		return make([]error, len(fns))
+	}}
+	do := func(n int) chan struct{} {
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				if err := g.Do(ctx, nop); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		go func() { wg.Wait(); close(done) }()
+		return done
+	}
+	queued := func(n int) {
+		for {
+			g.mu.Lock()
+			q := len(g.queue)
+			g.mu.Unlock()
+			if q >= n {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	lingering := func(done <-chan struct{}, what string) {
+		for {
+			g.mu.Lock()
+			l := g.lingering != nil
+			g.mu.Unlock()
+			if l {
+				return
+			}
+			select {
+			case <-done:
+				t.Fatalf("%s committed without waiting for the callers answered before them", what)
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+
+	first := do(1)
+	for { // the first call is in its commit, held at the gate
+		g.mu.Lock()
+		inFlight := g.running && len(g.queue) == 0
+		g.mu.Unlock()
+		if inFlight {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	second := do(2) // two calls queue while it is in flight
+	queued(2)
+	close(gate)
+	waitDone(t, first, "first call")
+	lingering(second, "the two calls queued during the first commit")
+	third := do(1) // the first caller's next call
+	waitDone(t, second, "the two calls")
+	waitDone(t, third, "the first caller's next call")
+
+	// That commit answered three: two coming back are not enough.
+	fourth := do(2)
+	queued(2)
+	lingering(fourth, "two of three answered callers")
+	fifth := do(1)
+	waitDone(t, fourth, "two of three answered callers")
+	waitDone(t, fifth, "the third")
+
+	sizesMu.Lock()
+	defer sizesMu.Unlock()
+	if want := []int{1, 3, 3}; !slices.Equal(sizes, want) {
+		t.Fatalf("commit sizes %v, want %v", sizes, want)
 	}
 }
 

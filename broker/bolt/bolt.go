@@ -51,8 +51,9 @@ func Open(path string) (*Store, error) {
 	return &Store{db: db, group: group}, nil
 }
 
-// commitLinger is how long a commit of the broker's own state changes
-// alone waits for a submit to share it, right after a submit's commit
+// commitLinger is how long, after a commit, the next one waits for the
+// callers it answered to come back and share it: concurrent clients'
+// next submits, or the next submit for the broker's own state changes
 // (broker.GroupCommit.Linger). A commit here is two fsyncs, 1–2 ms on
 // the disks measured (docs/benchmarks.md); a client's next submit comes
 // a fraction of a millisecond after its answer.
