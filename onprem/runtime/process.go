@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -144,9 +145,10 @@ func jobCommand(name string, env []string, workdir string, id ident, asRoot bool
 // mayRun reports whether uid id may execute the regular file f. An agent
 // that is not root runs the job as itself, and the kernel answers
 // (access(2)). A root agent runs it as id, with no supplementary groups:
-// the file needs an execute bit for id's class, and f, the file a link
-// at f leads to, and every directory on the way to either, a search bit.
-// ACLs are not read: a file that only an ACL opens to id is passed over.
+// the file needs an execute bit for id, and f, the file a link at f leads
+// to, and every directory on the way to either, a search bit, read as the
+// kernel reads them: from the POSIX ACL where one is set, else from the
+// mode.
 func mayRun(f string, id ident, asRoot bool) bool {
 	if !asRoot {
 		return syscall.Access(f, 0o1) == nil // X_OK
@@ -171,12 +173,16 @@ func mayRun(f string, id ident, asRoot bool) bool {
 	return true
 }
 
-// modeAllows reports whether the execute (search) bit of p's mode for id's
-// class (owner, group or other, the first that applies) is set.
+// modeAllows reports whether id may execute (search) p: by p's access
+// ACL where it has one, else by the execute bit of p's mode for id's class
+// (owner, group or other, the first that applies).
 func modeAllows(p string, id ident) bool {
 	var st syscall.Stat_t
 	if err := syscall.Stat(p, &st); err != nil {
 		return false
+	}
+	if acl, ok := readACL(p); ok {
+		return acl.allows(st, id, aclExecute)
 	}
 	var bit uint32 = 0o001
 	switch {
@@ -186,6 +192,104 @@ func modeAllows(p string, id ident) bool {
 		bit = 0o010
 	}
 	return st.Mode&bit != 0
+}
+
+// A POSIX access ACL as Linux stores it in the system.posix_acl_access
+// attribute: a version (2), then entries of tag, permissions and id, all
+// little-endian (include/uapi/linux/posix_acl_xattr.h).
+type posixACL []aclEntry
+
+type aclEntry struct {
+	tag, perm uint16
+	id        uint32
+}
+
+const (
+	aclUserObj  = 0x01
+	aclUser     = 0x02
+	aclGroupObj = 0x04
+	aclGroup    = 0x08
+	aclMask     = 0x10
+	aclOther    = 0x20
+
+	aclExecute = 0x1
+
+	aclXattr   = "system.posix_acl_access"
+	aclVersion = 2
+)
+
+// readACL reads p's access ACL, following links as stat does. A file
+// with none (ENODATA), a file system without ACLs, or an attribute this
+// does not read reports false: the mode alone decides.
+func readACL(p string) (posixACL, bool) {
+	buf := make([]byte, 4+8*32)
+	n, err := syscall.Getxattr(p, aclXattr, buf)
+	if err == syscall.ERANGE {
+		if n, err = syscall.Getxattr(p, aclXattr, nil); err == nil {
+			buf = make([]byte, n)
+			n, err = syscall.Getxattr(p, aclXattr, buf)
+		}
+	}
+	if err != nil {
+		return nil, false
+	}
+	return parseACL(buf[:n])
+}
+
+func parseACL(b []byte) (posixACL, bool) {
+	if len(b) < 4 || (len(b)-4)%8 != 0 || binary.LittleEndian.Uint32(b) != aclVersion {
+		return nil, false
+	}
+	var acl posixACL
+	for b = b[4:]; len(b) > 0; b = b[8:] {
+		acl = append(acl, aclEntry{tag: binary.LittleEndian.Uint16(b), perm: binary.LittleEndian.Uint16(b[2:]), id: binary.LittleEndian.Uint32(b[4:])})
+	}
+	return acl, true
+}
+
+// allows is the kernel's ACL check (acl(5), "access check algorithm") for
+// a process of uid id.UID and the one group id.GID: the owner's entry for
+// the owner; else a named user's entry, under the mask; else the owning
+// group's and named groups' entries that match, under the mask, any one
+// granting; else, when no group entry matched, the others' entry.
+func (acl posixACL) allows(st syscall.Stat_t, id ident, want uint16) bool {
+	mask := uint16(0xffff)
+	for _, e := range acl {
+		if e.tag == aclMask {
+			mask = e.perm
+		}
+	}
+	if st.Uid == id.UID {
+		for _, e := range acl {
+			if e.tag == aclUserObj {
+				return e.perm&want == want
+			}
+		}
+		return false
+	}
+	for _, e := range acl {
+		if e.tag == aclUser && e.id == id.UID {
+			return e.perm&mask&want == want
+		}
+	}
+	groupMatched := false
+	for _, e := range acl {
+		if (e.tag == aclGroupObj && st.Gid == id.GID) || (e.tag == aclGroup && e.id == id.GID) {
+			groupMatched = true
+			if e.perm&mask&want == want {
+				return true
+			}
+		}
+	}
+	if groupMatched {
+		return false
+	}
+	for _, e := range acl {
+		if e.tag == aclOther {
+			return e.perm&want == want
+		}
+	}
+	return false
 }
 
 func (p *processRuntime) dropGroup(g *cgroup) {

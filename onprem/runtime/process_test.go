@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -205,6 +208,112 @@ func TestProcessFindsCommandOnJobPath(t *testing.T) {
 	rt.Forget("path-4")
 	if want := filepath.Join(private, "hello-spillway") + " is there, but the job's uid 20901 may not run it"; !strings.Contains(e.Message, want) {
 		t.Fatalf("start failure %+v; want one saying %q", e, want)
+	}
+}
+
+// TestProcessFindsCommandAnACLOpens: a root agent reads POSIX ACLs as the
+// kernel will when the job execs: a copy that only a named-user entry
+// opens to the job's uid is found; one whose entry the mask takes back is
+// passed over, with the error naming it.
+func TestProcessFindsCommandAnACLOpens(t *testing.T) {
+	needRoot(t)
+	setfacl, err := exec.LookPath("setfacl")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("setfacl not found: .ci/run installs Debian's acl")
+		}
+		t.Skip("setfacl not found: install Debian's acl (sudo make test-deps)")
+	}
+	rt := newProcess(t)
+	root, err := os.MkdirTemp("", "spillway-jobacl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	acl := func(path, spec string) {
+		t.Helper()
+		if out, err := exec.Command(setfacl, "-m", spec, path).CombinedOutput(); err != nil {
+			t.Fatalf("setfacl -m %s %s: %v: %s", spec, path, err, out)
+		}
+	}
+	// Both directories and copies are root's, mode 0700 but for the ACL.
+	opened, masked := filepath.Join(root, "opened"), filepath.Join(root, "masked")
+	for _, dir := range []string{opened, masked} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, "hello-spillway")
+		if err := os.WriteFile(f, []byte("#!/bin/sh\necho hello from $0\n"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(f, 0o700); err != nil { // past the umask
+			t.Fatal(err)
+		}
+	}
+	acl(opened, "u:20901:x")
+	acl(filepath.Join(opened, "hello-spillway"), "u:20901:rx")
+	acl(masked, "u:20901:x")
+	acl(filepath.Join(masked, "hello-spillway"), "u:20901:rx,m::r")
+
+	var out syncBuffer
+	p, e := rt.Start(context.Background(), &Job{ID: "acl-1", Team: "nlp", Output: &out,
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + masked + ":" + opened}})
+	if e != nil {
+		t.Fatalf("start: %+v", e)
+	}
+	exit := p.Wait()
+	rt.Forget("acl-1")
+	if want := "hello from " + filepath.Join(opened, "hello-spillway") + "\n"; exit.Code != 0 || out.String() != want {
+		t.Fatalf("exit %+v, output %q; want %q", exit, out.String(), want)
+	}
+	_, e = rt.Start(context.Background(), &Job{ID: "acl-2", Team: "nlp", Output: &syncBuffer{},
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + masked}})
+	if e == nil {
+		t.Fatal("a command whose ACL mask takes back the execute bit started")
+	}
+	rt.Forget("acl-2")
+	if want := filepath.Join(masked, "hello-spillway") + " is there, but the job's uid 20901 may not run it"; !strings.Contains(e.Message, want) {
+		t.Fatalf("start failure %+v; want one saying %q", e, want)
+	}
+}
+
+// TestACLAllows: the kernel's ACL check for execute, one class at a time
+// (acl(5)): the owner's entry alone for the owner, a named user's under
+// the mask, the group entries that match under the mask (any one
+// granting, none falling through to others), else the others' entry.
+func TestACLAllows(t *testing.T) {
+	st := syscall.Stat_t{Uid: 0, Gid: 100}
+	e := func(tag, perm uint16, id uint32) aclEntry { return aclEntry{tag: tag, perm: perm, id: id} }
+	base := []aclEntry{e(aclUserObj, 7, 0), e(aclGroupObj, 0, 0), e(aclOther, 1, 0)}
+	for _, c := range []struct {
+		name string
+		acl  posixACL
+		id   ident
+		want bool
+	}{
+		{"others' entry", base, ident{UID: 5, GID: 5}, true},
+		{"owning group matched, no x: not the others' entry", base, ident{UID: 5, GID: 100}, false},
+		{"named user", append(slices.Clone(base), e(aclUser, 1, 5), e(aclMask, 1, 0)), ident{UID: 5, GID: 5}, true},
+		{"named user under the mask", append(slices.Clone(base), e(aclUser, 1, 5), e(aclMask, 4, 0)), ident{UID: 5, GID: 5}, false},
+		{"named user without x, others with", append(slices.Clone(base), e(aclUser, 4, 5), e(aclMask, 7, 0)), ident{UID: 5, GID: 5}, false},
+		{"named group grants though the owning group does not", append(slices.Clone(base), e(aclGroup, 1, 100), e(aclMask, 1, 0)), ident{UID: 5, GID: 100}, true},
+		{"owner's entry, not the others'", []aclEntry{e(aclUserObj, 6, 0), e(aclGroupObj, 1, 0), e(aclOther, 1, 0)}, ident{UID: 0, GID: 100}, false},
+	} {
+		if got := c.acl.allows(st, c.id, aclExecute); got != c.want {
+			t.Errorf("%s: allows = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if _, ok := parseACL([]byte{2, 0, 0, 0, 1, 0}); ok {
+		t.Error("a truncated entry parsed")
+	}
+	if _, ok := parseACL([]byte{3, 0, 0, 0}); ok {
+		t.Error("version 3 parsed")
+	}
+	if acl, ok := parseACL([]byte{2, 0, 0, 0, 0x02, 0, 1, 0, 0xa5, 0x51, 0, 0}); !ok || len(acl) != 1 || acl[0] != e(aclUser, 1, 20901) {
+		t.Errorf("parse = %v, %v; want one entry user:20901:--x", acl, ok)
 	}
 }
 
