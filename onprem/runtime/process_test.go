@@ -189,25 +189,39 @@ func TestProcessFindsCommandOnJobPath(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	out = syncBuffer{}
-	p, e = rt.Start(context.Background(), &Job{ID: "path-3", Team: "nlp", Output: &out,
-		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + private + ":" + ownerOnly + ":" + bin}})
+	runsHello(t, rt, "path-3", private+":"+ownerOnly+":"+bin, filepath.Join(bin, "hello-spillway"))
+	refusesHello(t, rt, "path-4", private+":"+ownerOnly, filepath.Join(private, "hello-spillway"))
+}
+
+// runsHello runs hello-spillway as team nlp's uid with PATH=path and
+// checks that the copy at want ran.
+func runsHello(t *testing.T, rt Runtime, id, path, want string) {
+	t.Helper()
+	var out syncBuffer
+	p, e := rt.Start(context.Background(), &Job{ID: id, Team: "nlp", Output: &out,
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + path}})
 	if e != nil {
-		t.Fatalf("start: %+v", e)
+		t.Fatalf("%s: start: %+v", id, e)
 	}
-	exit = p.Wait()
-	rt.Forget("path-3")
-	if want := "hello from " + filepath.Join(bin, "hello-spillway") + "\n"; exit.Code != 0 || out.String() != want {
-		t.Fatalf("exit %+v, output %q; want %q", exit, out.String(), want)
+	exit := p.Wait()
+	rt.Forget(id)
+	if want := "hello from " + want + "\n"; exit.Code != 0 || out.String() != want {
+		t.Fatalf("%s: exit %+v, output %q; want %q", id, exit, out.String(), want)
 	}
-	_, e = rt.Start(context.Background(), &Job{ID: "path-4", Team: "nlp", Output: &syncBuffer{},
-		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + private + ":" + ownerOnly}})
+}
+
+// refusesHello checks that hello-spillway with PATH=path does not start,
+// and that the refusal names the copy at denied that uid 20901 may not run.
+func refusesHello(t *testing.T, rt Runtime, id, path, denied string) {
+	t.Helper()
+	_, e := rt.Start(context.Background(), &Job{ID: id, Team: "nlp", Output: &syncBuffer{},
+		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + path}})
 	if e == nil {
-		t.Fatal("a command the job's uid may not run started")
+		t.Fatalf("%s: a command the job's uid may not run started", id)
 	}
-	rt.Forget("path-4")
-	if want := filepath.Join(private, "hello-spillway") + " is there, but the job's uid 20901 may not run it"; !strings.Contains(e.Message, want) {
-		t.Fatalf("start failure %+v; want one saying %q", e, want)
+	rt.Forget(id)
+	if want := denied + " is there, but the job's uid 20901 may not run it"; !strings.Contains(e.Message, want) {
+		t.Fatalf("%s: start failure %+v; want one saying %q", id, e, want)
 	}
 }
 
@@ -258,26 +272,8 @@ func TestProcessFindsCommandAnACLOpens(t *testing.T) {
 	acl(masked, "u:20901:x")
 	acl(filepath.Join(masked, "hello-spillway"), "u:20901:rx,m::r")
 
-	var out syncBuffer
-	p, e := rt.Start(context.Background(), &Job{ID: "acl-1", Team: "nlp", Output: &out,
-		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + masked + ":" + opened}})
-	if e != nil {
-		t.Fatalf("start: %+v", e)
-	}
-	exit := p.Wait()
-	rt.Forget("acl-1")
-	if want := "hello from " + filepath.Join(opened, "hello-spillway") + "\n"; exit.Code != 0 || out.String() != want {
-		t.Fatalf("exit %+v, output %q; want %q", exit, out.String(), want)
-	}
-	_, e = rt.Start(context.Background(), &Job{ID: "acl-2", Team: "nlp", Output: &syncBuffer{},
-		Argv: []string{"hello-spillway"}, Env: []string{"PATH=" + masked}})
-	if e == nil {
-		t.Fatal("a command whose ACL mask takes back the execute bit started")
-	}
-	rt.Forget("acl-2")
-	if want := filepath.Join(masked, "hello-spillway") + " is there, but the job's uid 20901 may not run it"; !strings.Contains(e.Message, want) {
-		t.Fatalf("start failure %+v; want one saying %q", e, want)
-	}
+	runsHello(t, rt, "acl-1", masked+":"+opened, filepath.Join(opened, "hello-spillway"))
+	refusesHello(t, rt, "acl-2", masked, filepath.Join(masked, "hello-spillway"))
 }
 
 // TestACLAllows: the kernel's ACL check for execute, one class at a time
