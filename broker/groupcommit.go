@@ -34,10 +34,11 @@ type GroupCommitStats struct {
 // every batch for MaxBatchDelay instead).
 //
 // The one wait is Linger. The callers a commit answers are mostly
-// clients (a submit, an agent's log) whose next write comes a fraction
-// of a millisecond after the answer. So after a commit that answered n
-// impatient calls (any not marked Patient), the next one waits until n
-// impatient calls have queued again, or until Linger after its end.
+// clients (a submit, an API call's audit record) whose next write comes
+// a fraction of a millisecond after the answer. So after a commit that
+// answered n impatient calls (any not marked Patient), the next one
+// waits until n impatient calls have queued again, or until Linger after
+// its end.
 // Without the wait, 16 clients split into two groups that take turns:
 // the callers that queued during a commit commit without those just
 // answered, who then wait a whole commit behind them; half the calls a
